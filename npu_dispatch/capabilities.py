@@ -1,0 +1,181 @@
+"""Per-device capability table: which copies a device's native batched kernel can take.
+
+The table is data, not branches: the planner asks ``lookup(device_type)`` and nothing else,
+and tests replace entries with ``override({...})`` to drive the npu rules on a CPU machine.
+
+Sources mirrored:
+- npu: Ascend op-plugin ``op_plugin/ops/opapi/ForeachCopyKernelOpApi.cpp`` (``aclnnForeachCopy``,
+  48 tensors a launch; int64/float64/bool from CANN 8.1.RC1; the cross-dtype pairs
+  fp32<->fp16 and fp32<->bf16 from CANN 9.1).
+- cuda: ATen ``ForeachBinaryOpList.cu`` ``_foreach_copy_`` (``multi_tensor_apply``, 110 tensor
+  pairs a launch for depth-2 lists; src and dst dtypes may differ).
+- cpu: ATen runs ``_foreach_copy_`` as a per-tensor loop of ``copy_``; every pair is "supported"
+  because the executor uses ``copy_`` itself, so bits cannot differ.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+import threading
+from typing import Iterator, Mapping
+
+import torch
+
+__all__ = ["Capability", "lookup", "table", "override", "npu_capability", "cann_version"]
+
+_f32, _f16, _bf16 = torch.float32, torch.float16, torch.bfloat16
+
+# Every dtype a strided tensor can have that ``copy_`` handles on every backend.
+_ALL_DTYPES = frozenset(
+    {
+        torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+        torch.float16, torch.bfloat16, torch.float32, torch.float64,
+        torch.complex64, torch.complex128,
+    }
+)
+
+
+def _all_cross_pairs() -> frozenset:
+    # complex -> real is excluded: stock ``copy_`` warns per call there, and the flat copy would
+    # warn once per run instead.
+    return frozenset(
+        (s, d)
+        for s in _ALL_DTYPES
+        for d in _ALL_DTYPES
+        if s != d and not (s.is_complex and not d.is_complex)
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Capability:
+    """What one device type's native batched copy kernel accepts.
+
+    Attributes:
+        name: device type the rules come from, used in fallback reasons ("npu", "cuda", "cpu").
+        dtypes: source dtypes the kernel takes for same-dtype copies.
+        cross_pairs: ``(src_dtype, dst_dtype)`` pairs the kernel converts natively.
+        max_tensors_per_launch: tensor pairs one launch can carry; ``None`` means one launch per
+            tensor (a host loop, as on CPU).
+        source: where the rules come from, shown by ``doctor``.
+    """
+
+    name: str
+    dtypes: frozenset
+    cross_pairs: frozenset
+    max_tensors_per_launch: int | None
+    source: str = ""
+
+    def supports(self, src_dtype: torch.dtype, dst_dtype: torch.dtype) -> bool:
+        if src_dtype == dst_dtype:
+            return src_dtype in self.dtypes
+        return (src_dtype, dst_dtype) in self.cross_pairs
+
+    def launches(self, n_tensors: int) -> int:
+        """Device launches the native kernel issues for a group of ``n_tensors`` pairs."""
+        if self.max_tensors_per_launch is None:
+            return n_tensors
+        return -(-n_tensors // self.max_tensors_per_launch)
+
+
+def _parse_cann(version: str | None) -> tuple[int, int, int]:
+    """'8.1.RC1' -> (8, 1, 0); '9.1.0' -> (9, 1, 0); RC counts as below the release."""
+    if not version:
+        return (0, 0, 0)
+    nums = [int(x) for x in re.findall(r"\d+", version)[:2]]
+    while len(nums) < 2:
+        nums.append(0)
+    return (nums[0], nums[1], 0)
+
+
+def npu_capability(cann: str | None) -> Capability:
+    """The op-plugin ``aclnnForeachCopy`` rules for a CANN version string (``None``: unknown).
+
+    An unknown version gets the conservative base set (no int64/fp64/bool, no cross-dtype).
+    """
+    ver = _parse_cann(cann)
+    dtypes = {torch.int32, torch.int16, torch.int8, torch.uint8, _bf16, _f32, _f16}
+    if ver >= (8, 1, 0):
+        dtypes |= {torch.int64, torch.float64, torch.bool}
+    cross = set()
+    if ver >= (9, 1, 0):
+        cross = {(_f32, _f16), (_f32, _bf16), (_f16, _f32), (_bf16, _f32)}
+    return Capability(
+        name="npu",
+        dtypes=frozenset(dtypes),
+        cross_pairs=frozenset(cross),
+        max_tensors_per_launch=48,
+        source=f"op-plugin aclnnForeachCopy, CANN {cann or 'unknown'}",
+    )
+
+
+def cann_version() -> str | None:
+    """CANN version reported by torch_npu, or None when torch_npu is not loaded.
+
+    Never imports torch_npu itself: importing it without CANN breaks ``import torch``.
+    """
+    import sys
+
+    mod = sys.modules.get("torch_npu")
+    if mod is None:
+        return None
+    for path in ("version.cann", "version.__cann_version__", "__cann_version__"):
+        obj = mod
+        try:
+            for part in path.split("."):
+                obj = getattr(obj, part)
+        except AttributeError:
+            continue
+        return str(obj)
+    return None
+
+
+def _defaults() -> dict[str, Capability]:
+    return {
+        "cpu": Capability("cpu", _ALL_DTYPES, _all_cross_pairs(), None, "ATen copy_ loop"),
+        "cuda": Capability("cuda", _ALL_DTYPES, _all_cross_pairs(), 110, "ATen multi_tensor_apply"),
+    }
+
+
+_lock = threading.Lock()
+_table: dict[str, Capability] = _defaults()
+_overrides: list[Mapping[str, Capability | None]] = []
+
+
+def lookup(device_type: str) -> Capability | None:
+    """The capability in force for ``device_type``; ``None`` means no fast path on that device."""
+    for layer in reversed(_overrides):
+        if device_type in layer:
+            return layer[device_type]
+    cap = _table.get(device_type)
+    if cap is None and device_type == "npu":
+        # Built on first sight of an npu tensor, when torch_npu is already loaded by the user.
+        with _lock:
+            cap = _table.setdefault("npu", npu_capability(cann_version()))
+    return cap
+
+
+def table() -> dict[str, Capability | None]:
+    """The table in force now (defaults, then overrides), for reports."""
+    merged: dict[str, Capability | None] = dict(_table)
+    merged.setdefault("npu", npu_capability(cann_version()))
+    for layer in _overrides:
+        merged.update(layer)
+    return merged
+
+
+@contextlib.contextmanager
+def override(entries: Mapping[str, Capability | None]) -> Iterator[None]:
+    """Replace table entries inside a ``with`` block (``None`` disables a device's fast path).
+
+    Example: ``with override({"cpu": npu_capability("8.0.RC3")}):`` makes CPU tensors follow the
+    npu rules of CANN 8.0, so the npu planner decisions can be tested without an NPU.
+    """
+    layer = dict(entries)
+    with _lock:
+        _overrides.append(layer)
+    try:
+        yield
+    finally:
+        with _lock:
+            _overrides.remove(layer)

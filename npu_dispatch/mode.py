@@ -1,0 +1,146 @@
+"""``NpuFastCopyMode``: a TorchDispatchMode that routes foreach copies and FSDP copy-in to the planner.
+
+Per op the mode does one dict lookup; ops it does not own go straight to ``func``.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from . import engine
+from .stats import CopyStats
+
+__all__ = ["NpuFastCopyMode"]
+
+log = logging.getLogger("npu_dispatch")
+aten = torch.ops.aten
+_K = torch._C.DispatchKey
+
+_FSDP_SCHEMA = ("all_gather_inputs", "all_gather_output", "inp_split_sizes", "all_gather_input_numel", "rank")
+
+
+def _bump(tensors) -> None:
+    # Inside __torch_dispatch__ ADInplaceOrView is excluded, and with any mode active stock's own
+    # bump is lost too; stock without a mode bumps each listed destination once.
+    if not torch.is_inference_mode_enabled():
+        torch.autograd.graph.increment_version(tensors)
+
+
+def _foreach_copy_(mode, op, args, kwargs):
+    dsts, srcs = args[0], args[1]
+    non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+    engine.foreach_copy(dsts, srcs, non_blocking, stats=mode.stats, op=op,
+                        strict=mode.strict, verify=mode.verify)
+    _bump(dsts)
+
+
+def _foreach_copy(mode, op, args, kwargs):
+    # Functional variant (what functionalization emits): stock clones ``self`` then copies into
+    # the clones; every element is overwritten, so empty_like (same strides as clone) suffices.
+    dsts, srcs = args[0], args[1]
+    non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+    outs = [torch.empty_like(d) for d in dsts]
+    engine.foreach_copy(outs, srcs, non_blocking, stats=mode.stats, op=op,
+                        strict=mode.strict, verify=mode.verify)
+    return outs
+
+
+def _all_gather_copy_in(mode, op, args, kwargs):
+    bound = list(args) + [kwargs[k] for k in _FSDP_SCHEMA[len(args):]]
+    inputs, out, split_sizes, numel, rank = bound
+    # Views made here must carry autograd view metadata (``_base``) as stock's do, so let
+    # ADInplaceOrView run for narrow/split.
+    exclude = torch._C._dispatch_tls_local_exclude_set().remove(_K.ADInplaceOrView)
+    with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude):
+        all_gather_input = out.narrow(0, numel * rank, numel)
+        dsts = torch.split(all_gather_input, split_sizes)
+    with torch.no_grad():
+        engine.foreach_copy(dsts, inputs, False, stats=mode.stats, op=op,
+                            strict=mode.strict, verify=mode.verify)
+    _bump(dsts)
+    return all_gather_input, out
+
+
+def _fsdp_op():
+    """``fsdp.all_gather_copy_in.default`` if this torch defines it with the schema we support."""
+    if not torch.distributed.is_available():
+        return None, "torch built without distributed"
+    importlib.import_module("torch.distributed.fsdp._fully_shard._fsdp_collectives")  # defines fsdp::
+
+    op = torch.ops.fsdp.all_gather_copy_in.default
+    names = tuple(a.name for a in op._schema.arguments)
+    if names != _FSDP_SCHEMA:
+        return op, f"unsupported fsdp::all_gather_copy_in schema {op._schema}"
+    return op, None
+
+
+def _handlers() -> tuple[dict, dict, dict]:
+    from . import ops  # noqa: F401  registers npu_dispatch::
+
+    handlers = {
+        aten._foreach_copy_.default: _foreach_copy_,
+        aten._foreach_copy.default: _foreach_copy,
+        torch.ops.npu_dispatch.foreach_copy_.default: _foreach_copy_,
+        torch.ops.npu_dispatch.all_gather_copy_in.default: _all_gather_copy_in,
+    }
+    passthrough: dict = {}
+    fsdp, why = _fsdp_op()
+    if fsdp is not None and why is None:
+        handlers[fsdp] = _all_gather_copy_in
+    elif fsdp is not None:
+        log.warning("npu_dispatch: passing fsdp.all_gather_copy_in through to stock: %s", why)
+        passthrough[fsdp] = why
+    names = {op: f"{op.namespace}.{op._opname}" for op in list(handlers) + list(passthrough)}
+    return handlers, passthrough, names
+
+
+_HANDLERS, _PASSTHROUGH, _NAMES = _handlers()
+
+
+class NpuFastCopyMode(TorchDispatchMode):
+    """Routes ``aten._foreach_copy_``, ``aten._foreach_copy`` and ``fsdp.all_gather_copy_in`` (and the
+    ``npu_dispatch::`` ops, as compiled code calls them) through the copy planner.
+
+    Results, errors and version-counter bumps are those of the stock ops without a mode.
+
+    Args:
+        strict: raise :class:`npu_dispatch.FastCopyFallbackError`, naming the reason, whenever a
+            call would leave the fast path (raised before anything is written).
+        verify: also run the stock op on clones of the destinations and raise
+            :class:`npu_dispatch.FastCopyMismatchError` on any bitwise difference (slow: a
+            debugging aid).
+
+    ``stats`` (:class:`npu_dispatch.CopyStats`) counts calls, tensors, bytes and device launches
+    per path and fallbacks by reason; ``stats.report()`` renders them. Tensor subclasses (DTensor
+    ...) are handed back to their own ``__torch_dispatch__``; the plain-tensor copies they issue
+    come back to the mode. ``ignore_compile_internals()`` is True, so ``torch.compile`` still
+    compiles while the mode is active (Dynamo skips frames under any other user mode).
+    """
+
+    def __init__(self, strict: bool = False, verify: bool = False) -> None:
+        super().__init__()
+        self.strict = strict
+        self.verify = verify
+        self.stats = CopyStats()
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        handler = _HANDLERS.get(func)
+        if handler is None:
+            if func in _PASSTHROUGH:
+                self.stats.record_passthrough(_NAMES[func], "schema")
+            return func(*args, **(kwargs or {}))
+        if engine.busy():
+            # A stock call issued by the engine of a mode nested inside this one.
+            return func(*args, **(kwargs or {}))
+        if types and any(t is not torch.Tensor for t in types):
+            # Let the subclass unwrap itself; its inner plain-tensor copy comes back here.
+            self.stats.record_passthrough(_NAMES[func], "subclass")
+            return NotImplemented
+        return handler(self, _NAMES[func], args, kwargs or {})

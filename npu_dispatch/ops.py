@@ -1,0 +1,108 @@
+"""The ``npu_dispatch`` op library: schemas, kernels, fake kernels and the public wrappers.
+
+Schemas mirror the stock ops exactly (``native_functions.yaml`` ``_foreach_copy_`` and
+``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py`` ``all_gather_copy_in``), so a caller,
+a FakeTensor trace or an Inductor lowering can swap one for the other. Like the stock FSDP op,
+``all_gather_copy_in`` carries no alias annotation although it writes ``all_gather_output`` and
+returns views of it.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from . import engine
+from .stats import global_stats
+
+__all__ = ["foreach_copy_", "all_gather_copy_in"]
+
+_lib = torch.library.Library("npu_dispatch", "DEF")
+_lib.define("foreach_copy_(Tensor(a!)[] self, Tensor[] src, bool non_blocking=False) -> ()")
+_lib.define(
+    "all_gather_copy_in(Tensor[] all_gather_inputs, Tensor all_gather_output, "
+    "SymInt[] inp_split_sizes, SymInt all_gather_input_numel, SymInt rank) -> (Tensor, Tensor)"
+)
+
+
+def _foreach_copy_kernel(self: list[torch.Tensor], src: list[torch.Tensor], non_blocking: bool = False) -> None:
+    engine.foreach_copy(self, src, non_blocking, stats=global_stats(), op="npu_dispatch.foreach_copy_")
+    # A Python kernel runs below ADInplaceOrView, so bump here as stock's in-place kernel does:
+    # once per destination listed.
+    if not torch.is_inference_mode_enabled():
+        torch.autograd.graph.increment_version(self)
+
+
+def _all_gather_copy_in_kernel(all_gather_inputs, all_gather_output, inp_split_sizes, all_gather_input_numel, rank):
+    return engine.all_gather_copy_in(
+        all_gather_inputs, all_gather_output, inp_split_sizes, all_gather_input_numel, rank,
+        stats=global_stats(), op="npu_dispatch.all_gather_copy_in",
+    )
+
+
+# CompositeExplicitAutograd serves every backend (CPU, CUDA, PrivateUse1 = npu) with one kernel;
+# the planner picks per device inside.
+_lib.impl("foreach_copy_", _foreach_copy_kernel, "CompositeExplicitAutograd")
+_lib.impl("all_gather_copy_in", _all_gather_copy_in_kernel, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("npu_dispatch::foreach_copy_")
+def _foreach_copy_fake(self, src, non_blocking=False):
+    torch._check(len(self) > 0, lambda: "Tensor list must have at least one tensor.")
+    torch._check(
+        len(self) == len(src),
+        lambda: f"Tensor lists must have the same number of tensors, got {len(self)} and {len(src)}",
+    )
+    return None
+
+
+@torch.library.register_fake("npu_dispatch::all_gather_copy_in")
+def _all_gather_copy_in_fake(all_gather_inputs, all_gather_output, inp_split_sizes, all_gather_input_numel, rank):
+    all_gather_input = all_gather_output.narrow(0, all_gather_input_numel * rank, all_gather_input_numel)
+    return all_gather_input, all_gather_output
+
+
+def foreach_copy_(self: Sequence[torch.Tensor], src: Sequence[torch.Tensor], non_blocking: bool = False) -> None:
+    """``torch._foreach_copy_`` through the fast path: ``self[i].copy_(src[i])`` for every i.
+
+    Args:
+        self: destinations, any devices, dtypes and layouts stock accepts.
+        src: sources, same length; each broadcastable to its destination.
+        non_blocking: passed to every copy that leaves the fast path, as stock does.
+
+    Results, errors (type and message) and version-counter bumps are those of the stock op; see
+    ``npu_dispatch.plan`` for which pairs take the fast path. Counted in
+    ``npu_dispatch.stats.global_stats()`` unless an ``NpuFastCopyMode`` is active.
+
+    Raises:
+        RuntimeError: as stock (empty lists, unequal lengths, shapes that do not broadcast...).
+    """
+    torch.ops.npu_dispatch.foreach_copy_.default(list(self), list(src), non_blocking)
+
+
+def all_gather_copy_in(
+    all_gather_inputs: Sequence[torch.Tensor],
+    all_gather_output: torch.Tensor,
+    inp_split_sizes: Sequence[int],
+    all_gather_input_numel: int,
+    rank: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.ops.fsdp.all_gather_copy_in`` through the fast path.
+
+    Args:
+        all_gather_inputs: this rank's 1-D shards, ``sum(inp_split_sizes) == all_gather_input_numel``
+            elements in all, any dtype castable to ``all_gather_output``'s.
+        all_gather_output: 1-D buffer of ``world_size * all_gather_input_numel`` elements.
+        inp_split_sizes: element count of each shard.
+        all_gather_input_numel: elements per rank.
+        rank: this rank; its slice starts at ``all_gather_input_numel * rank``.
+
+    Returns:
+        ``(all_gather_input, all_gather_output)``: this rank's slice (a view) and the output.
+
+    Raises:
+        RuntimeError / IndexError: as stock ``narrow`` / ``split`` / ``_foreach_copy_``.
+    """
+    return torch.ops.npu_dispatch.all_gather_copy_in.default(
+        list(all_gather_inputs), all_gather_output, list(inp_split_sizes), all_gather_input_numel, rank
+    )

@@ -1,0 +1,358 @@
+"""The copy planner: decides, for one ``_foreach_copy_(dsts, srcs)``, which pairs take which path.
+
+Paths, in the order the executor issues them:
+- ``coalesced``: a *run* of consecutive pairs whose destinations are contiguous and adjacent in one
+  storage, and whose sources are too, with one dtype pair: one flat ``copy_`` (FSDP's copy-in).
+- ``foreach``: the remaining fast-route pairs, grouped by (device, src dtype, dst dtype); each
+  group goes to the device's native batched kernel (ATen ``_foreach_copy_``).
+- ``fallback``: pairs off the fast route (broadcast, other device, strides, dtype pair not in the
+  capability table...): stock ``_foreach_copy_`` on just those pairs, with the caller's
+  ``non_blocking``.
+- ``stock``: the whole call goes to the stock op unchanged. Chosen when reordering could change
+  the result (a destination overlaps another tensor of the call) or when stock could raise midway
+  (so the same pairs are written before the same error), and for tensor subclasses and meta.
+- ``empty``: zero-element pairs; stock ``copy_`` does nothing for them either.
+
+Fast-route rules mirror ATen ``can_use_fast_route`` (``aten/src/ATen/native/ForeachUtils.h``):
+same device, strided, non-overlapping and dense, equal sizes, equal strides except on size-1 dims.
+Because no destination overlaps any other tensor of the call and no pair can raise, the order in
+which paths run cannot change a single bit of the result.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Sequence
+
+import torch
+
+from . import capabilities
+
+__all__ = ["Plan", "Run", "Group", "build_plan", "check_lists"]
+
+_Tensor = torch.Tensor
+_strided = torch.strided
+
+
+def check_lists(dsts: Sequence, srcs: Sequence) -> None:
+    """List-level checks of ATen ``check_foreach_api_restrictions``, with its exact messages.
+
+    Raises:
+        RuntimeError: an empty list, or lists of unequal length. Nothing is written.
+    """
+    if len(dsts) == 0:
+        raise RuntimeError("Tensor list must have at least one tensor.")
+    if len(dsts) != len(srcs):
+        raise RuntimeError(
+            f"Tensor lists must have the same number of tensors, got {len(dsts)} and {len(srcs)}"
+        )
+
+
+@dataclasses.dataclass
+class Run:
+    """A coalesced span: pairs ``indices`` become one flat copy of ``numel`` elements."""
+
+    indices: list[int]
+    numel: int
+    device: torch.device
+    src_dtype: torch.dtype
+    dst_dtype: torch.dtype
+
+
+@dataclasses.dataclass
+class Group:
+    """Fast-route pairs of one (device, src dtype, dst dtype), sent to the native kernel."""
+
+    indices: list[int]
+    device: torch.device
+    src_dtype: torch.dtype
+    dst_dtype: torch.dtype
+    launches: int
+
+
+@dataclasses.dataclass
+class Plan:
+    """What the executor will do for one call; ``str(plan)`` is the human-readable form.
+
+    ``reasons`` maps a fallback pair index to ``(kind, text)``; ``stock_reason`` is set when the
+    whole call goes to the stock op.
+    """
+
+    n: int
+    runs: list[Run] = dataclasses.field(default_factory=list)
+    groups: list[Group] = dataclasses.field(default_factory=list)
+    fallback: list[int] = dataclasses.field(default_factory=list)
+    empty: list[int] = dataclasses.field(default_factory=list)
+    reasons: dict[int, tuple[str, str]] = dataclasses.field(default_factory=dict)
+    stock_reason: tuple[str, str] | None = None
+    fallback_launches: int = 0
+
+    @property
+    def launches(self) -> int:
+        """Device launches the call issues (coalesced runs count one each)."""
+        if self.stock_reason is not None:
+            return self.n
+        return len(self.runs) + sum(g.launches for g in self.groups) + self.fallback_launches
+
+    def __str__(self) -> str:
+        lines = [f"plan for {self.n} pair(s): {self.launches} device launch(es)"]
+        if self.stock_reason is not None:
+            lines.append(f"  whole call -> stock: {self.stock_reason[1]}")
+            return "\n".join(lines)
+        for r in self.runs:
+            lines.append(
+                f"  coalesced run pairs {_span(r.indices)}: 1 flat copy of {r.numel} elements "
+                f"{_dt(r.src_dtype)}->{_dt(r.dst_dtype)} on {r.device}"
+            )
+        for g in self.groups:
+            lines.append(
+                f"  foreach group pairs {_span(g.indices)} ({len(g.indices)} tensors) "
+                f"{_dt(g.src_dtype)}->{_dt(g.dst_dtype)} on {g.device}: {g.launches} launch(es)"
+            )
+        if self.empty:
+            lines.append(f"  empty pairs {_span(self.empty)}: nothing to copy")
+        for i in self.fallback:
+            lines.append(f"  fallback pair {i}: {self.reasons[i][1]}")
+        return "\n".join(lines)
+
+
+def _dt(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _span(indices: list[int]) -> str:
+    if len(indices) > 1 and indices[-1] - indices[0] == len(indices) - 1:
+        return f"{indices[0]}..{indices[-1]}"
+    if len(indices) > 8:
+        return ", ".join(map(str, indices[:8])) + f", ... ({len(indices)} in all)"
+    return ", ".join(map(str, indices))
+
+
+def _dense(t: _Tensor) -> bool:
+    """ATen ``is_non_overlapping_and_dense``: strides are a permutation of a contiguous layout."""
+    if t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last):
+        return True
+    dims = sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1)
+    expected = 1
+    for st, sz in dims:
+        if st != expected:
+            return False
+        expected *= sz
+    return True
+
+
+def _same_strides(d: _Tensor, s: _Tensor) -> bool:
+    return all(sz == 1 or a == b for sz, a, b in zip(d.shape, d.stride(), s.stride()))
+
+
+def _span_bytes(t: _Tensor) -> int:
+    return (sum((sz - 1) * st for sz, st in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+
+def _in_one_storage(t: _Tensor, nbytes: int) -> bool:
+    """Whether ``nbytes`` from ``t``'s first element stay inside ``t``'s own storage.
+
+    Adjacent addresses alone are not enough: two allocations can sit side by side (the CUDA and
+    NPU caching allocators split one segment), and a flat view must not leave its storage.
+    """
+    st = t.untyped_storage()
+    return t.data_ptr() + nbytes <= st.data_ptr() + st.nbytes()
+
+
+def _first_overlap(
+    intervals: list[tuple[str, int, int, int, bool]]
+) -> tuple[int, bool, int, bool] | None:
+    """First (index, is_dst) pair of intervals that overlap where at least one is a destination.
+
+    ``intervals`` holds ``(device, start, end, index, is_dst)`` in bytes of absolute address.
+    Sorted by start, an interval overlaps an earlier one exactly when it starts before the largest
+    end seen so far on its device.
+    """
+    intervals.sort()
+    device = None
+    end_all = end_dst = -1
+    who_all = who_dst = None
+    for dev, start, end, i, is_dst in intervals:
+        if dev != device:
+            device, end_all, end_dst, who_all, who_dst = dev, -1, -1, None, None
+        if is_dst and start < end_all:
+            return (*who_all, i, True)
+        if not is_dst and start < end_dst:
+            return (*who_dst, i, False)
+        if end > end_all:
+            end_all, who_all = end, (i, is_dst)
+        if is_dst and end > end_dst:
+            end_dst, who_dst = end, (i, True)
+    return None
+
+
+def _name(i: int, is_dst: bool) -> str:
+    return f"{'dst' if is_dst else 'src'}[{i}]"
+
+
+def build_plan(
+    dsts: Sequence[_Tensor],
+    srcs: Sequence[_Tensor],
+    lookup: Callable[[str], capabilities.Capability | None] = capabilities.lookup,
+) -> Plan:
+    """Plan ``_foreach_copy_(dsts, srcs)`` without touching any data.
+
+    Args:
+        dsts, srcs: equal-length, non-empty lists (call ``check_lists`` first).
+        lookup: capability table access, ``capabilities.lookup`` unless a test injects one.
+
+    Returns:
+        The :class:`Plan`; every pair is in exactly one of runs, groups, fallback or empty,
+        or ``stock_reason`` is set.
+    """
+    n = len(dsts)
+    plan = Plan(n)
+    intervals: list[tuple[str, int, int, int, bool]] = []
+    fast: list[int] = []  # pair indices on the fast route, in index order
+    caps: dict[str, capabilities.Capability | None] = {}
+
+    def stock(kind: str, text: str) -> Plan:
+        plan.stock_reason = (kind, text)
+        return plan
+
+    for i in range(n):
+        d, s = dsts[i], srcs[i]
+        if type(d) is not _Tensor or type(s) is not _Tensor:
+            bad, who = (d, "dst") if type(d) is not _Tensor else (s, "src")
+            if not isinstance(bad, _Tensor):
+                return stock("not_tensor", f"{who}[{i}] is a {type(bad).__name__}, not a Tensor")
+            return stock("subclass", f"{who}[{i}] is a tensor subclass ({type(bad).__name__})")
+        if d.layout is not _strided or s.layout is not _strided:
+            lay = d.layout if d.layout is not _strided else s.layout
+            return stock("layout", f"pair {i} has layout {lay}")
+        dd, sd = d.device, s.device
+        if dd.type == "meta" or sd.type == "meta":
+            return stock("meta", f"pair {i} has a meta tensor")
+        dshape = d.shape
+        if dshape != s.shape:
+            try:
+                ok = torch.broadcast_shapes(s.shape, dshape) == dshape
+            except RuntimeError:
+                ok = False
+            if not ok:
+                return stock(
+                    "may_raise",
+                    f"src[{i}] shape {tuple(s.shape)} does not broadcast to dst[{i}] shape "
+                    f"{tuple(dshape)}: stock raises there, after writing the pairs before it",
+                )
+            reason = ("broadcast", f"src[{i}] shape {tuple(s.shape)} broadcasts to dst[{i}] shape {tuple(dshape)}")
+        else:
+            reason = None
+        if d.numel() == 0:
+            plan.empty.append(i)
+            continue
+        ddense = d.is_contiguous() or _dense(d)
+        if not ddense and torch._debug_has_internal_overlap(d) == 1:
+            return stock("may_raise", f"dst[{i}] has internal overlap: stock raises there")
+        intervals.append((str(dd), d.data_ptr(), d.data_ptr() + _span_bytes(d), i, True))
+        if s.numel():
+            intervals.append((str(sd), s.data_ptr(), s.data_ptr() + _span_bytes(s), i, False))
+        if reason is None:
+            reason = _off_route(i, d, s, dd, sd, ddense, caps, lookup)
+        if reason is None:
+            fast.append(i)
+        else:
+            plan.fallback.append(i)
+            plan.reasons[i] = reason
+
+    hit = _first_overlap(intervals)
+    if hit is not None:
+        a, a_dst, b, b_dst = hit
+        return stock(
+            "aliasing",
+            f"{_name(b, b_dst)} overlaps {_name(a, a_dst)}: kept as stock's sequential copy_ loop",
+        )
+    _coalesce_and_group(plan, fast, dsts, srcs, caps)
+    plan.fallback_launches = len(plan.fallback)
+    return plan
+
+
+def _off_route(i, d, s, dd, sd, ddense, caps, lookup) -> tuple[str, str] | None:
+    """Why pair ``i`` (equal shapes, non-empty) is off the fast route, or None if it is on it."""
+    if dd != sd:
+        return ("device", f"src[{i}] on {sd}, dst[{i}] on {dd}")
+    if not ddense:
+        return ("not_dense", f"dst[{i}] is not dense")
+    if not (s.is_contiguous() or _dense(s)):
+        return ("not_dense", f"src[{i}] is not dense")
+    if not _same_strides(d, s):
+        return ("strides", f"src[{i}] strides {s.stride()} differ from dst[{i}] strides {d.stride()}")
+    if d.is_conj() or s.is_conj() or d.is_neg() or s.is_neg():
+        return ("conj_neg", f"pair {i} has a lazy conjugate or negative bit")
+    sdt, ddt = s.dtype, d.dtype
+    if sdt.is_complex and not ddt.is_complex:
+        return ("dtype", f"pair {i} casts complex to real (stock warns per copy)")
+    cap = caps.get(dd.type, caps)
+    if cap is caps:
+        cap = caps[dd.type] = lookup(dd.type)
+    if cap is None:
+        return ("no_capability", f"no fast path for device type {dd.type}")
+    return None
+
+
+def _coalesce_and_group(plan: Plan, fast: list[int], dsts, srcs, caps) -> None:
+    """Split fast-route pairs into coalesced runs and per-dtype foreach groups."""
+    singles: list[int] = []
+    run: list[int] = []
+    d_end = s_end = -1
+
+    def close() -> None:
+        if len(run) > 1:
+            d0, s0 = dsts[run[0]], srcs[run[0]]
+            nbytes_d = d_end - d0.data_ptr()
+            nbytes_s = s_end - s0.data_ptr()
+            if _in_one_storage(d0, nbytes_d) and _in_one_storage(s0, nbytes_s):
+                plan.runs.append(
+                    Run(list(run), nbytes_d // d0.element_size(), d0.device, s0.dtype, d0.dtype)
+                )
+                return
+        singles.extend(run)
+
+    for i in fast:
+        d, s = dsts[i], srcs[i]
+        if run:
+            p = run[-1]
+            pd, ps = dsts[p], srcs[p]
+            if (
+                d.data_ptr() == d_end
+                and s.data_ptr() == s_end
+                and d.dtype == pd.dtype
+                and s.dtype == ps.dtype
+                and d.device == pd.device
+                and d.is_contiguous()
+                and s.is_contiguous()
+            ):
+                run.append(i)
+                d_end += d.numel() * d.element_size()
+                s_end += s.numel() * s.element_size()
+                continue
+            close()
+            run = []
+        if d.is_contiguous() and s.is_contiguous():
+            run = [i]
+            d_end = d.data_ptr() + d.numel() * d.element_size()
+            s_end = s.data_ptr() + s.numel() * s.element_size()
+        else:
+            singles.append(i)
+    close()
+
+    by_key: dict[tuple, list[int]] = {}
+    for i in sorted(singles):
+        d, s = dsts[i], srcs[i]
+        by_key.setdefault((d.device, s.dtype, d.dtype), []).append(i)
+    for (dev, sdt, ddt), idx in by_key.items():
+        cap = caps[dev.type]
+        if cap.supports(sdt, ddt):
+            plan.groups.append(Group(idx, dev, sdt, ddt, cap.launches(len(idx))))
+            continue
+        for i in idx:
+            plan.fallback.append(i)
+            plan.reasons[i] = (
+                "dtype",
+                f"dtype pair {_dt(sdt)}->{_dt(ddt)} not supported by the {cap.name} fast path",
+            )
+    plan.fallback.sort()

@@ -1,0 +1,137 @@
+"""Thread-safe counters of what the fast path did: per op, per path, and fallbacks by reason."""
+from __future__ import annotations
+
+import collections
+import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .plan import Plan
+
+__all__ = ["CopyStats", "PATHS", "global_stats"]
+
+# Order of rows in reports; "stock" is a whole call passed to the stock op.
+PATHS = ("coalesced", "foreach", "fallback", "stock", "empty")
+_FAST = frozenset({"coalesced", "foreach"})
+
+
+class CopyStats:
+    """Counters for intercepted copy calls.
+
+    Per path (``PATHS``): ``calls`` (calls that used the path at least once), ``tensors`` (pairs),
+    ``bytes`` (destination bytes written), ``launches`` (device launches issued). Per op:
+    ``op_calls``, ``fast_calls`` (calls with at least one fast-path pair), ``fallback_calls``
+    (calls with at least one pair off the fast path), ``seconds`` (host wall time in the op).
+    ``fallback_reasons`` counts fallback pairs (or whole stock calls) by reason kind.
+    All updates hold one lock, so one instance can be shared by threads.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        with self._lock:
+            self.calls: collections.Counter = collections.Counter()
+            self.tensors: collections.Counter = collections.Counter()
+            self.bytes: collections.Counter = collections.Counter()
+            self.launches: collections.Counter = collections.Counter()
+            self.op_calls: collections.Counter = collections.Counter()
+            self.fast_calls: collections.Counter = collections.Counter()
+            self.fallback_calls: collections.Counter = collections.Counter()
+            self.seconds: collections.Counter = collections.Counter()
+            self.fallback_reasons: collections.Counter = collections.Counter()
+
+    def record(self, op: str, plan: "Plan", counts: dict, seconds: float) -> None:
+        """Add one executed call. ``counts`` maps path -> (tensors, bytes, launches)."""
+        with self._lock:
+            self.op_calls[op] += 1
+            self.seconds[op] += seconds
+            for path, (tensors, nbytes, launches) in counts.items():
+                self.calls[path] += 1
+                self.tensors[path] += tensors
+                self.bytes[path] += nbytes
+                self.launches[path] += launches
+            if _FAST.intersection(counts):
+                self.fast_calls[op] += 1
+            if "fallback" in counts or "stock" in counts:
+                self.fallback_calls[op] += 1
+            if plan.stock_reason is not None:
+                self.fallback_reasons[plan.stock_reason[0]] += 1
+            for i in plan.fallback:
+                self.fallback_reasons[plan.reasons[i][0]] += 1
+
+    def record_passthrough(self, op: str, kind: str) -> None:
+        """A call handed to the stock op before planning (subclass, unsupported schema...)."""
+        with self._lock:
+            self.op_calls[op] += 1
+            self.calls["stock"] += 1
+            self.fallback_calls[op] += 1
+            self.fallback_reasons[kind] += 1
+
+    def as_dict(self) -> dict:
+        with self._lock:
+            return {
+                "paths": {
+                    p: {
+                        "calls": self.calls[p],
+                        "tensors": self.tensors[p],
+                        "bytes": self.bytes[p],
+                        "launches": self.launches[p],
+                    }
+                    for p in PATHS
+                },
+                "ops": {
+                    op: {
+                        "calls": self.op_calls[op],
+                        "fast_calls": self.fast_calls[op],
+                        "fallback_calls": self.fallback_calls[op],
+                        "seconds": self.seconds[op],
+                    }
+                    for op in sorted(self.op_calls)
+                },
+                "fallback_reasons": dict(self.fallback_reasons),
+            }
+
+    @property
+    def fast_path_calls(self) -> int:
+        return sum(self.fast_calls.values())
+
+    @property
+    def total_fallback_calls(self) -> int:
+        return sum(self.fallback_calls.values())
+
+    def report(self) -> str:
+        """A plain-text table of the counters (per op, per path, fallback reasons)."""
+        d = self.as_dict()
+        out = [_table(
+            ["op", "calls", "fast calls", "fallback calls", "host ms"],
+            [[op, v["calls"], v["fast_calls"], v["fallback_calls"], f"{v['seconds'] * 1e3:.3f}"]
+             for op, v in d["ops"].items()],
+        ), ""]
+        out.append(_table(
+            ["path", "calls", "tensors", "bytes", "launches"],
+            [[p, v["calls"], v["tensors"], v["bytes"], v["launches"]] for p, v in d["paths"].items()],
+        ))
+        if d["fallback_reasons"]:
+            out += ["", _table(["fallback reason", "count"],
+                               sorted(map(list, d["fallback_reasons"].items())))]
+        return "\n".join(out)
+
+    def __repr__(self) -> str:
+        return self.report()
+
+
+def _table(header: list[str], rows: list[list]) -> str:
+    cells = [header] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[k]) for r in cells) for k in range(len(header))]
+    fmt = lambda r: "  ".join(c.ljust(w) if k == 0 else c.rjust(w) for k, (c, w) in enumerate(zip(r, widths)))
+    return "\n".join([fmt(cells[0]), "  ".join("-" * w for w in widths)] + [fmt(r) for r in cells[1:]])
+
+
+_GLOBAL = CopyStats()
+
+
+def global_stats() -> CopyStats:
+    """Counters of the direct ops (``npu_dispatch.foreach_copy_`` ...) called outside any mode."""
+    return _GLOBAL
