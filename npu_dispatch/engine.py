@@ -91,6 +91,8 @@ def _execute(p: _plan.Plan, dsts, srcs, non_blocking: bool) -> dict:
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
+    if t.numel() == 0:
+        return torch.empty(0, dtype=torch.uint8)
     return t.detach().contiguous().reshape(-1).view(torch.uint8)
 
 

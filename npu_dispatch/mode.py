@@ -38,11 +38,11 @@ def _foreach_copy_(mode, op, args, kwargs):
 
 
 def _foreach_copy(mode, op, args, kwargs):
-    # Functional variant (what functionalization emits): stock clones ``self`` then copies into
-    # the clones; every element is overwritten, so empty_like (same strides as clone) suffices.
+    # Functional variant (what functionalization emits): stock's outputs keep each destination's
+    # sizes and strides, and every element is overwritten, so empty_strided suffices.
     dsts, srcs = args[0], args[1]
     non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
-    outs = [torch.empty_like(d) for d in dsts]
+    outs = [torch.empty_strided(d.shape, d.stride(), dtype=d.dtype, device=d.device) for d in dsts]
     engine.foreach_copy(outs, srcs, non_blocking, stats=mode.stats, op=op,
                         strict=mode.strict, verify=mode.verify)
     return outs

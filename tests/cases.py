@@ -1,0 +1,207 @@
+"""Builders for copy cases, run twice (stock, then ours) from one seed, and bitwise comparison.
+
+A case is plain data (hypothesis draws it); ``build(case)`` makes fresh tensors from it, so stock
+and the fast path each start from identical, independently allocated inputs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+from hypothesis import strategies as st
+
+FLOATS = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+INTS = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
+OTHERS = [torch.bool, torch.complex64, torch.complex128]
+DTYPES = FLOATS + INTS + OTHERS
+LAYOUTS = ["contiguous", "transposed", "strided", "channels_last", "broadcast", "size1_strides"]
+
+# Bit patterns that must survive exactly: NaN payloads (quiet, signalling, negative), -0.0,
+# subnormals, infinities.
+_SPECIAL_BITS = {
+    4: [0x7FC00000, 0x7F800001, 0xFFC12345, 0x7FA5A5A5, 0x80000000, 0x00000001, 0x807FFFFF, 0x7F800000, 0xFF800000],
+    2: [0x7E00, 0x7C01, 0xFE5A, 0x7FC1, 0xFFC0, 0x8000, 0x0001, 0x83FF, 0x7F80, 0xFF80],
+    8: [0x7FF8000000000001, 0xFFF0000000000123, 0x8000000000000000, 0x0000000000000001, 0x7FF0000000000000],
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Pair:
+    shape: tuple[int, ...]
+    src_dtype: torch.dtype
+    dst_dtype: torch.dtype
+    dst_layout: str
+    src_layout: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    pairs: tuple[Pair, ...]
+    dst_adjacent: bool  # consecutive same-dtype contiguous destinations carved from one buffer
+    src_adjacent: bool
+    alias: tuple[tuple[int, int], ...]  # (i, j): src[i] is dst[j] (when shapes allow)
+    seed: int
+
+
+def _fill(t: torch.Tensor, gen: torch.Generator) -> None:
+    """Random bits plus special patterns, written through the tensor's whole storage."""
+    raw = torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
+    if raw.numel() == 0:
+        return
+    if t.dtype == torch.bool:
+        raw.copy_(torch.randint(0, 2, raw.shape, generator=gen, dtype=torch.uint8))
+        return
+    raw.copy_(torch.randint(0, 256, raw.shape, generator=gen, dtype=torch.uint8))
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        size = t.element_size() if t.dtype.is_floating_point else t.element_size() // 2
+        int_dtype = {2: torch.int16, 4: torch.int32, 8: torch.int64}[size]
+        words = raw[: raw.numel() // size * size].view(int_dtype)
+        pats = _SPECIAL_BITS[size]
+        k = min(words.numel(), 2 * len(pats))
+        pos = torch.randperm(words.numel(), generator=gen)[:k]
+        for n, p in enumerate(pos.tolist()):
+            bits = pats[n % len(pats)]
+            words[p] = bits - (1 << (8 * size)) if bits >= 1 << (8 * size - 1) else bits
+
+
+def _make(shape, dtype, layout, gen, pool=None) -> torch.Tensor:
+    shape = tuple(shape)
+    if layout == "transposed" and len(shape) >= 2:
+        return _make(shape[:-2] + (shape[-1], shape[-2]), dtype, "contiguous", gen).transpose(-1, -2)
+    if layout == "strided" and len(shape) >= 1:
+        base = _make(shape[:-1] + (shape[-1] * 2,), dtype, "contiguous", gen)
+        return base[..., ::2]
+    if layout == "channels_last" and len(shape) == 4:
+        return _make(shape, dtype, "contiguous", gen).contiguous(memory_format=torch.channels_last)
+    if layout == "size1_strides" and 1 in shape:
+        # Same sizes as contiguous, odd strides on size-1 dims: the fast route ignores those.
+        base = _make(shape, dtype, "contiguous", gen)
+        strides = [s if n != 1 else 7 for n, s in zip(shape, base.stride())]
+        return base.as_strided(shape, strides)
+    if pool is not None:
+        return pool(shape, dtype)
+    t = torch.empty(shape, dtype=dtype)
+    _fill(t, gen)
+    return t
+
+
+def build(case: Case) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """Fresh (dsts, srcs, storages to compare) for ``case``."""
+    gen = torch.Generator().manual_seed(case.seed)
+    pools = {}
+
+    def pooled(kind):
+        # All adjacent destinations (or sources) of one dtype come from one buffer, in order.
+        def take(shape, dtype):
+            key = (kind, dtype)
+            if key not in pools:
+                total = sum(
+                    math.prod(p.shape)
+                    for p in case.pairs
+                    if (p.dst_dtype if kind == "dst" else p.src_dtype) == dtype
+                )
+                buf = torch.empty(total, dtype=dtype)
+                _fill(buf, gen)
+                pools[key] = [buf, 0]
+            buf, off = pools[key]
+            n = math.prod(shape)
+            pools[key][1] = off + n
+            return buf[off: off + n].view(shape)
+        return take
+
+    dsts, srcs = [], []
+    for p in case.pairs:
+        dpool = pooled("dst") if case.dst_adjacent and p.dst_layout == "contiguous" else None
+        dsts.append(_make(p.shape, p.dst_dtype, p.dst_layout, gen, dpool))
+        if p.src_layout == "broadcast":
+            sshape = tuple(1 if k % 2 == 0 else n for k, n in enumerate(p.shape))[-max(len(p.shape) - 1, 0):] or ()
+            srcs.append(_make(sshape, p.src_dtype, "contiguous", gen))
+        else:
+            spool = pooled("src") if case.src_adjacent and p.src_layout == "contiguous" else None
+            srcs.append(_make(p.shape, p.src_dtype, p.src_layout, gen, spool))
+    for i, j in case.alias:
+        if i < len(srcs) and j < len(dsts) and dsts[j].shape == dsts[i].shape:
+            srcs[i] = dsts[j]
+    storages = list({id(t.untyped_storage()): t for t in dsts + srcs}.values())
+    return dsts, srcs, storages
+
+
+def storage_bytes(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage()).clone()
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    if t.numel() == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def run(case: Case, fn) -> dict:
+    """Build ``case``, call ``fn(dsts, srcs)``, and capture everything observable."""
+    dsts, srcs, storages = build(case)
+    try:
+        out = fn(dsts, srcs)
+        error = None
+    except Exception as e:  # compared against stock's, type and message
+        out, error = None, (type(e), str(e))
+    return {
+        "error": error,
+        "storages": [storage_bytes(t) for t in storages],
+        "dst_versions": [d._version for d in dsts],
+        "src_versions": [s._version for s in srcs],
+        "out": [bits(t) for t in out] if isinstance(out, (list, tuple)) else None,
+        "out_strides": [t.stride() for t in out] if isinstance(out, (list, tuple)) else None,
+    }
+
+
+def assert_same(stock: dict, ours: dict) -> None:
+    assert ours["error"] == stock["error"]
+    assert len(ours["storages"]) == len(stock["storages"])
+    for k, (a, b) in enumerate(zip(stock["storages"], ours["storages"])):
+        assert torch.equal(a, b), f"storage {k} differs bitwise from stock"
+    assert ours["dst_versions"] == stock["dst_versions"]
+    assert ours["src_versions"] == stock["src_versions"]
+    if stock["out"] is not None:
+        assert ours["out_strides"] == stock["out_strides"]
+        for a, b in zip(stock["out"], ours["out"]):
+            assert torch.equal(a, b)
+
+
+# ---- hypothesis strategies -------------------------------------------------------------------
+
+shapes = st.one_of(
+    st.tuples(st.integers(0, 40)),
+    st.tuples(st.integers(0, 6), st.integers(0, 9)),
+    st.tuples(st.integers(1, 3), st.integers(1, 4), st.integers(1, 3), st.integers(1, 3)),
+    st.just(()),
+    st.just((1, 5, 1)),
+)
+
+
+@st.composite
+def pairs(draw, same_dtype_bias=True):
+    shape = draw(shapes)
+    src = draw(st.sampled_from(DTYPES))
+    dst = src if draw(st.booleans()) else draw(st.sampled_from(DTYPES))
+    contig = st.just("contiguous")
+    dl = draw(st.one_of(contig, contig, st.sampled_from(["transposed", "strided", "channels_last", "size1_strides"])))
+    sl = draw(st.one_of(contig, contig, st.sampled_from(LAYOUTS)))
+    return Pair(shape, src, dst, dl, sl)
+
+
+@st.composite
+def cases(draw, max_len=300):
+    n = draw(st.integers(1, max_len))
+    # Lists share a handful of pair templates so long lists stay cheap to draw, as real
+    # parameter lists do.
+    templates = draw(st.lists(pairs(), min_size=1, max_size=6))
+    picks = draw(st.lists(st.integers(0, len(templates) - 1), min_size=n, max_size=n))
+    alias = draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), max_size=2)) if draw(st.integers(0, 4)) == 0 else []
+    return Case(
+        pairs=tuple(templates[k] for k in picks),
+        dst_adjacent=draw(st.booleans()),
+        src_adjacent=draw(st.booleans()),
+        alias=tuple(alias),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )

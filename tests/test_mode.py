@@ -1,0 +1,293 @@
+"""NpuFastCopyMode against the stock ops: bitwise results, errors, version counters, stats."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.testing._internal.two_tensor import TwoTensor
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import npu_dispatch as nd
+from cases import Case, Pair, assert_same, bits, build, cases, run
+
+f32, bf16 = torch.float32, torch.bfloat16
+
+
+def stock_copy(dsts, srcs):
+    torch._foreach_copy_(dsts, srcs)
+
+
+def mode_copy(dsts, srcs):
+    with nd.NpuFastCopyMode():
+        torch._foreach_copy_(dsts, srcs)
+
+
+def verify_copy(dsts, srcs):
+    with nd.NpuFastCopyMode(verify=True):
+        torch._foreach_copy_(dsts, srcs)
+
+
+@settings(max_examples=120, deadline=None)
+@given(cases())
+def test_foreach_copy_matches_stock_bitwise(case):
+    assert_same(run(case, stock_copy), run(case, mode_copy))
+
+
+@settings(max_examples=25, deadline=None)
+@given(cases(max_len=40))
+def test_verify_mode_agrees_with_stock(case):
+    assert_same(run(case, stock_copy), run(case, verify_copy))
+
+
+@settings(max_examples=40, deadline=None)
+@given(cases(max_len=60))
+def test_functional_foreach_copy_matches_stock(case):
+    def stock(d, s):
+        return torch.ops.aten._foreach_copy.default(d, s)
+
+    def ours(d, s):
+        with nd.NpuFastCopyMode():
+            return torch.ops.aten._foreach_copy.default(d, s)
+
+    assert_same(run(case, stock), run(case, ours))
+
+
+def test_fsdp_mixed_precision_copy_in_is_one_flat_copy_each():
+    # FSDP's cast of separate fp32 shards into one bf16 buffer (a foreach group), then the copy-in
+    # of those adjacent splits: one flat copy.
+    sizes = [((k * 37) % 257) + 1 for k in range(50)]
+    shards = [torch.randn(n) for n in sizes]
+    numel, world, rank = sum(sizes), 4, 2
+
+    def go(mode):
+        flat = torch.empty(numel, dtype=bf16)
+        splits = torch.split(flat, sizes)
+        out = torch.empty(numel * world, dtype=bf16)
+        if mode is None:
+            torch._foreach_copy_(splits, shards)
+            r = torch.ops.fsdp.all_gather_copy_in(splits, out, sizes, numel, rank)
+        else:
+            with mode:
+                torch._foreach_copy_(splits, shards)
+                r = torch.ops.fsdp.all_gather_copy_in(splits, out, sizes, numel, rank)
+        return flat, out, r
+
+    flat0, out0, (inp0, o0) = go(None)
+    mode = nd.NpuFastCopyMode()
+    flat1, out1, (inp1, o1) = go(mode)
+    assert torch.equal(bits(flat0), bits(flat1))
+    assert torch.equal(bits(out0[numel * rank: numel * (rank + 1)]), bits(out1[numel * rank: numel * (rank + 1)]))
+    assert o1 is out1 and inp1._base is out1 and inp0._base is out0
+    assert inp1.storage_offset() == inp0.storage_offset() == numel * rank
+    assert out1._version == out0._version and flat1._version == flat0._version
+    d = mode.stats.as_dict()
+    assert d["paths"]["coalesced"] == {"calls": 1, "tensors": 50, "bytes": 2 * numel, "launches": 1}
+    assert d["paths"]["foreach"]["tensors"] == 50
+    assert d["ops"]["fsdp.all_gather_copy_in"]["fast_calls"] == 1
+    assert d["ops"]["aten._foreach_copy_"]["fast_calls"] == 1
+    assert mode.stats.total_fallback_calls == 0
+
+
+@pytest.mark.parametrize("rank", [0, 1, 3])
+@pytest.mark.parametrize("out_dtype", [bf16, f32, torch.uint8])
+def test_all_gather_copy_in_separate_shards_matches_stock(rank, out_dtype):
+    sizes = [5, 0, 17, 1, 64, 3]
+    numel = sum(sizes)
+
+    def go(use_mode):
+        g = torch.Generator().manual_seed(rank)
+        ins = [torch.randint(0, 255, (n,), generator=g).to(out_dtype) for n in sizes]
+        out = torch.full((numel * 4,), 7, dtype=out_dtype)
+        if use_mode:
+            with nd.NpuFastCopyMode():
+                r = torch.ops.fsdp.all_gather_copy_in(ins, out, sizes, numel, rank)
+        else:
+            r = torch.ops.fsdp.all_gather_copy_in(ins, out, sizes, numel, rank)
+        return out, r
+
+    out0, r0 = go(False)
+    out1, r1 = go(True)
+    assert torch.equal(bits(out0), bits(out1))
+    assert r1[1] is out1 and r1[0].shape == r0[0].shape and r1[0].storage_offset() == r0[0].storage_offset()
+    assert out1._version == out0._version
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ([5, 5], 10, 2),  # narrow past the end of the output
+        ([5, 4], 10, 1),  # split sizes do not sum to the input numel
+        ([], 0, 0),  # no inputs
+    ],
+)
+def test_all_gather_copy_in_errors_match_stock(args):
+    sizes, numel, rank = args
+
+    def go(use_mode):
+        ins = [torch.ones(n) for n in sizes]
+        out = torch.zeros(20)
+        try:
+            if use_mode:
+                with nd.NpuFastCopyMode():
+                    torch.ops.fsdp.all_gather_copy_in(ins, out, sizes, numel, rank)
+            else:
+                torch.ops.fsdp.all_gather_copy_in(ins, out, sizes, numel, rank)
+        except Exception as e:
+            return (type(e), str(e)), out
+        return None, out
+
+    (e0, o0), (e1, o1) = go(False), go(True)
+    assert e0 is not None and e1 == e0
+    assert torch.equal(o0, o1)
+
+
+BAD_CASES = {
+    "empty": (lambda: ([], [])),
+    "unequal": (lambda: ([torch.zeros(2)], [torch.ones(2), torch.ones(2)])),
+    "shape_midway": (lambda: ([torch.zeros(2), torch.zeros(3), torch.zeros(2)], [torch.ones(2), torch.ones(2), torch.ones(2)])),
+    "expanded_dst": (lambda: ([torch.zeros(2), torch.zeros(1).expand(4)], [torch.ones(2), torch.arange(4.0)])),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_CASES))
+@pytest.mark.parametrize("how", ["mode", "direct"])
+def test_errors_match_stock_and_writes_match(name, how):
+    d0, s0 = BAD_CASES[name]()
+    d1, s1 = BAD_CASES[name]()
+    with pytest.raises(Exception) as stock_err:
+        torch._foreach_copy_(d0, s0)
+    with pytest.raises(Exception) as our_err:
+        if how == "mode":
+            with nd.NpuFastCopyMode():
+                torch._foreach_copy_(d1, s1)
+        else:
+            nd.foreach_copy_(d1, s1)
+    assert type(our_err.value) is type(stock_err.value)
+    assert str(our_err.value) == str(stock_err.value)
+    for a, b in zip(d0, d1):
+        assert torch.equal(a, b)  # same pairs written before the error (stock's loop order)
+
+
+def test_aliasing_at_other_indices_matches_sequential_loop():
+    def case():
+        x = torch.arange(8.0)
+        return x, [x[0:4], x[4:8]], [x[4:8], x[0:4]]
+
+    x0, d0, s0 = case()
+    torch._foreach_copy_(d0, s0)
+    x1, d1, s1 = case()
+    mode = nd.NpuFastCopyMode()
+    with mode:
+        torch._foreach_copy_(d1, s1)
+    assert torch.equal(x0, x1)  # [4,5,6,7,4,5,6,7]: the loop reads dst[0] after writing it
+    assert mode.stats.fallback_reasons["aliasing"] == 1
+
+
+def test_strict_raises_naming_the_reason_before_writing():
+    d = [torch.zeros(4, 4).t(), torch.zeros(3)]
+    s = [torch.ones(4, 4), torch.ones(3)]
+    with pytest.raises(nd.FastCopyFallbackError, match=r"src\[0\] strides \(4, 1\) differ from dst\[0\] strides \(1, 4\)"):
+        with nd.NpuFastCopyMode(strict=True):
+            torch._foreach_copy_(d, s)
+    assert d[0].sum() == 0 and d[1].sum() == 0
+    with nd.NpuFastCopyMode(strict=True):  # all on the fast route: no error
+        torch._foreach_copy_([torch.zeros(3)], [torch.ones(3)])
+
+
+def test_verify_raises_on_a_bitwise_difference(monkeypatch):
+    from npu_dispatch import engine
+
+    real = engine._execute
+
+    def corrupt(p, dsts, srcs, nb):
+        counts = real(p, dsts, srcs, nb)
+        dsts[0].view(torch.int32)[0] ^= 1
+        return counts
+
+    monkeypatch.setattr(engine, "_execute", corrupt)
+    with pytest.raises(nd.FastCopyMismatchError, match=r"dst\[0\]"):
+        with nd.NpuFastCopyMode(verify=True):
+            torch._foreach_copy_([torch.zeros(3)], [torch.ones(3)])
+
+
+def test_subclass_inner_copy_reaches_fast_path():
+    a = TwoTensor(torch.zeros(6), torch.zeros(6))
+    b = TwoTensor(torch.arange(6.0), torch.arange(6.0) * 2)
+    mode = nd.NpuFastCopyMode()
+    with mode:
+        torch._foreach_copy_([a], [b])
+    assert torch.equal(a.a, torch.arange(6.0)) and torch.equal(a.b, torch.arange(6.0) * 2)
+    assert mode.stats.fallback_reasons["subclass"] == 1
+    assert mode.stats.fast_calls["aten._foreach_copy_"] >= 1
+
+
+def test_other_ops_pass_through_and_nesting_counts_once():
+    outer, inner = nd.NpuFastCopyMode(), nd.NpuFastCopyMode()
+    d, s = [torch.zeros(3), torch.zeros(2, 2).t()], [torch.ones(3), torch.ones(2, 2)]
+    with outer:
+        y = torch.ones(3) + 1
+        with inner:
+            torch._foreach_copy_(d, s)
+    assert torch.equal(y, torch.full((3,), 2.0))
+    assert inner.stats.op_calls["aten._foreach_copy_"] == 1
+    assert outer.stats.op_calls["aten._foreach_copy_"] == 0  # the inner engine's stock calls pass through
+    assert torch.equal(d[0], s[0]) and torch.equal(d[1], s[1])
+
+
+def test_stats_are_thread_safe():
+    mode = nd.NpuFastCopyMode()
+    n_threads, n_calls = 4, 50
+
+    def work():
+        with mode:
+            for _ in range(n_calls):
+                torch._foreach_copy_([torch.zeros(4)], [torch.ones(4)])
+
+    threads = [threading.Thread(target=work) for _ in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert mode.stats.op_calls["aten._foreach_copy_"] == n_threads * n_calls
+    assert mode.stats.tensors["coalesced"] + mode.stats.tensors["foreach"] == n_threads * n_calls
+
+
+def test_report_is_a_readable_table():
+    mode = nd.NpuFastCopyMode()
+    with mode:
+        torch._foreach_copy_([torch.zeros(4), torch.zeros(2, 2).t()], [torch.ones(4), torch.ones(2, 2)])
+    text = mode.stats.report()
+    assert "aten._foreach_copy_" in text and "foreach" in text and "strides" in text
+    row = next(line for line in text.splitlines() if line.startswith("fallback "))
+    assert row.split()[1:3] == ["1", "1"]  # 1 call, 1 tensor on the fallback path
+
+
+def test_profiler_shows_named_ranges():
+    with torch.profiler.profile() as prof:
+        with nd.NpuFastCopyMode():
+            x = torch.empty(8)
+            torch._foreach_copy_(list(torch.split(x, 4)), list(torch.split(torch.ones(8), 4)))
+    names = {e.name for e in prof.events()}
+    assert "npu_dispatch::coalesced" in names
+
+
+def test_ignore_compile_internals():
+    assert nd.NpuFastCopyMode.ignore_compile_internals() is True
+
+
+class _Passthrough(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def test_under_another_mode_results_still_match():
+    d0, s0, _ = build(Case((Pair((3, 4), f32, bf16, "contiguous", "contiguous"),) * 5, True, True, (), 1))
+    d1, s1, _ = build(Case((Pair((3, 4), f32, bf16, "contiguous", "contiguous"),) * 5, True, True, (), 1))
+    torch._foreach_copy_(d0, s0)
+    with _Passthrough(), nd.NpuFastCopyMode():
+        torch._foreach_copy_(d1, s1)
+    for a, b in zip(d0, d1):
+        assert torch.equal(bits(a), bits(b))
