@@ -91,9 +91,9 @@ def _execute(p: _plan.Plan, dsts, srcs, non_blocking: bool) -> dict:
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
-    if t.numel() == 0:
-        return torch.empty(0, dtype=torch.uint8)
-    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+    # A fresh contiguous copy: .contiguous() keeps odd strides on size-1 dims, which view() rejects.
+    flat = t.detach().reshape(-1).clone(memory_format=torch.contiguous_format)
+    return flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
 
 
 def _verify(p: _plan.Plan, dsts, srcs, non_blocking, run) -> None:
@@ -119,8 +119,12 @@ def foreach_copy(
     op: str = "aten._foreach_copy_",
     strict: bool = False,
     verify: bool = False,
+    bump: bool = True,
 ) -> None:
     """``_foreach_copy_(dsts, srcs, non_blocking)`` through the planner; see ``plan.py``.
+
+    Bumps each listed destination's version counter once, as stock's in-place op does without
+    a mode (``bump=False`` for the functional variant, whose fresh outputs stay at version 0).
 
     Raises:
         RuntimeError: stock's list-level errors (before writing), or whatever stock raises for a
@@ -140,11 +144,15 @@ def foreach_copy(
         nonlocal counts
         counts = _execute(p, dsts, srcs, non_blocking)
 
-    with _inside():
+    # Below ADInplaceOrView, the copies issued here bump no version counter; the one bump per
+    # listed destination that stock's in-place kernel makes is done once, below.
+    with _inside(), torch._C._AutoDispatchBelowADInplaceOrView():
         if verify and p.stock_reason is None:
             _verify(p, dsts, srcs, non_blocking, run)
         else:
             run()
+    if bump and not torch.is_inference_mode_enabled():
+        torch.autograd.graph.increment_version(dsts)
     stats.record(op, p, counts, time.perf_counter() - start)
 
 

@@ -22,19 +22,11 @@ _K = torch._C.DispatchKey
 _FSDP_SCHEMA = ("all_gather_inputs", "all_gather_output", "inp_split_sizes", "all_gather_input_numel", "rank")
 
 
-def _bump(tensors) -> None:
-    # Inside __torch_dispatch__ ADInplaceOrView is excluded, and with any mode active stock's own
-    # bump is lost too; stock without a mode bumps each listed destination once.
-    if not torch.is_inference_mode_enabled():
-        torch.autograd.graph.increment_version(tensors)
-
-
 def _foreach_copy_(mode, op, args, kwargs):
     dsts, srcs = args[0], args[1]
     non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
     engine.foreach_copy(dsts, srcs, non_blocking, stats=mode.stats, op=op,
                         strict=mode.strict, verify=mode.verify)
-    _bump(dsts)
 
 
 def _foreach_copy(mode, op, args, kwargs):
@@ -44,7 +36,7 @@ def _foreach_copy(mode, op, args, kwargs):
     non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
     outs = [torch.empty_strided(d.shape, d.stride(), dtype=d.dtype, device=d.device) for d in dsts]
     engine.foreach_copy(outs, srcs, non_blocking, stats=mode.stats, op=op,
-                        strict=mode.strict, verify=mode.verify)
+                        strict=mode.strict, verify=mode.verify, bump=False)
     return outs
 
 
@@ -60,7 +52,6 @@ def _all_gather_copy_in(mode, op, args, kwargs):
     with torch.no_grad():
         engine.foreach_copy(dsts, inputs, False, stats=mode.stats, op=op,
                             strict=mode.strict, verify=mode.verify)
-    _bump(dsts)
     return all_gather_input, out
 
 

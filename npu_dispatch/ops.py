@@ -27,10 +27,6 @@ _lib.define(
 
 def _foreach_copy_kernel(self: list[torch.Tensor], src: list[torch.Tensor], non_blocking: bool = False) -> None:
     engine.foreach_copy(self, src, non_blocking, stats=global_stats(), op="npu_dispatch.foreach_copy_")
-    # A Python kernel runs below ADInplaceOrView, so bump here as stock's in-place kernel does:
-    # once per destination listed.
-    if not torch.is_inference_mode_enabled():
-        torch.autograd.graph.increment_version(self)
 
 
 def _all_gather_copy_in_kernel(all_gather_inputs, all_gather_output, inp_split_sizes, all_gather_input_numel, rank):
@@ -62,7 +58,9 @@ def _all_gather_copy_in_fake(all_gather_inputs, all_gather_output, inp_split_siz
     return all_gather_input, all_gather_output
 
 
-def foreach_copy_(self: Sequence[torch.Tensor], src: Sequence[torch.Tensor], non_blocking: bool = False) -> None:
+def foreach_copy_(
+    self: Sequence[torch.Tensor], src: Sequence[torch.Tensor], non_blocking: bool = False
+) -> list[torch.Tensor]:
     """``torch._foreach_copy_`` through the fast path: ``self[i].copy_(src[i])`` for every i.
 
     Args:
@@ -74,10 +72,15 @@ def foreach_copy_(self: Sequence[torch.Tensor], src: Sequence[torch.Tensor], non
     ``npu_dispatch.plan`` for which pairs take the fast path. Counted in
     ``npu_dispatch.stats.global_stats()`` unless an ``NpuFastCopyMode`` is active.
 
+    Returns:
+        ``self`` as a list, as the Python binding of ``torch._foreach_copy_`` does.
+
     Raises:
         RuntimeError: as stock (empty lists, unequal lengths, shapes that do not broadcast...).
     """
-    torch.ops.npu_dispatch.foreach_copy_.default(list(self), list(src), non_blocking)
+    self = list(self)
+    torch.ops.npu_dispatch.foreach_copy_.default(self, list(src), non_blocking)
+    return self
 
 
 def all_gather_copy_in(

@@ -132,9 +132,9 @@ def storage_bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
-    if t.numel() == 0:
-        return torch.empty(0, dtype=torch.uint8)
-    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+    # A fresh contiguous copy: .contiguous() keeps odd strides on size-1 dims, which view() rejects.
+    flat = t.detach().reshape(-1).clone(memory_format=torch.contiguous_format)
+    return flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
 
 
 def run(case: Case, fn) -> dict:
@@ -152,6 +152,7 @@ def run(case: Case, fn) -> dict:
         "src_versions": [s._version for s in srcs],
         "out": [bits(t) for t in out] if isinstance(out, (list, tuple)) else None,
         "out_strides": [t.stride() for t in out] if isinstance(out, (list, tuple)) else None,
+        "out_versions": [t._version for t in out] if isinstance(out, (list, tuple)) else None,
     }
 
 
@@ -164,6 +165,7 @@ def assert_same(stock: dict, ours: dict) -> None:
     assert ours["src_versions"] == stock["src_versions"]
     if stock["out"] is not None:
         assert ours["out_strides"] == stock["out_strides"]
+        assert ours["out_versions"] == stock["out_versions"]
         for a, b in zip(stock["out"], ours["out"]):
             assert torch.equal(a, b)
 

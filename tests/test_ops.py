@@ -1,0 +1,68 @@
+"""The direct ops ``npu_dispatch.foreach_copy_`` / ``all_gather_copy_in`` and their registrations."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import npu_dispatch as nd
+from cases import assert_same, bits, cases, run
+
+
+@settings(max_examples=60, deadline=None)
+@given(cases(max_len=120))
+def test_direct_foreach_copy_matches_stock(case):
+    assert_same(run(case, torch._foreach_copy_), run(case, nd.foreach_copy_))
+
+
+@pytest.mark.parametrize("rank", [0, 2, 3])
+def test_direct_all_gather_copy_in_matches_stock(rank):
+    sizes = [7, 1, 30, 0, 12]
+    numel = sum(sizes)
+
+    def go(fn):
+        g = torch.Generator().manual_seed(0)
+        ins = [torch.randn(n, generator=g) for n in sizes]
+        out = torch.full((numel * 4,), float("nan"), dtype=torch.bfloat16)
+        inp, o = fn(ins, out, sizes, numel, rank)
+        return out, inp, o
+
+    out0, inp0, o0 = go(torch.ops.fsdp.all_gather_copy_in)
+    out1, inp1, o1 = go(nd.all_gather_copy_in)
+    assert torch.equal(bits(out0), bits(out1))
+    assert o1 is out1 and inp1.data_ptr() == out1.data_ptr() + numel * rank * 2
+    assert out1._version == out0._version
+
+
+def test_direct_ops_count_in_global_stats():
+    nd.global_stats().reset()
+    x = torch.empty(6)
+    nd.foreach_copy_(list(torch.split(x, 3)), list(torch.split(torch.ones(6), 3)))
+    assert nd.global_stats().calls["coalesced"] == 1
+    assert torch.equal(x, torch.ones(6))
+
+
+def test_fake_tensor_tracing_of_the_ops():
+    with FakeTensorMode():
+        out = torch.empty(40, dtype=torch.bfloat16)
+        ins = [torch.empty(4), torch.empty(6)]
+        inp, o = torch.ops.npu_dispatch.all_gather_copy_in(ins, out, [4, 6], 10, 2)
+        assert inp.shape == (10,) and inp.storage_offset() == 20 and o.shape == (40,)
+        torch.ops.npu_dispatch.foreach_copy_([torch.empty(3)], [torch.empty(3)])
+
+
+def test_op_schemas_mirror_stock():
+    ours = torch.ops.npu_dispatch.all_gather_copy_in.default._schema
+    stock = torch.ops.fsdp.all_gather_copy_in.default._schema
+    assert [(a.name, str(a.type)) for a in ours.arguments] == [(a.name, str(a.type)) for a in stock.arguments]
+    fc = torch.ops.npu_dispatch.foreach_copy_.default._schema
+    assert [a.name for a in fc.arguments] == ["self", "src", "non_blocking"]
+    assert fc.arguments[0].alias_info.is_write
+
+
+def test_mode_counts_our_ops_as_compiled_code_calls_them():
+    mode = nd.NpuFastCopyMode()
+    with mode:
+        nd.foreach_copy_([torch.empty(3)], [torch.ones(3)])
+    assert mode.stats.fast_calls["npu_dispatch.foreach_copy_"] == 1

@@ -1,0 +1,159 @@
+"""The planner's decisions, read through ``explain`` and the capability table."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import npu_dispatch as nd
+from npu_dispatch.capabilities import Capability, npu_capability, override
+
+f32, f16, bf16, f64 = torch.float32, torch.float16, torch.bfloat16, torch.float64
+
+
+def _fsdp_cast(n, src_dtype=f32, dst_dtype=bf16, adjacent_src=False):
+    sizes = [16 + k for k in range(n)]
+    dst = list(torch.split(torch.empty(sum(sizes), dtype=dst_dtype), sizes))
+    if adjacent_src:
+        src = list(torch.split(torch.randn(sum(sizes)).to(src_dtype), sizes))
+    else:
+        src = [torch.randn(s).to(src_dtype) for s in sizes]
+    return dst, src
+
+
+def test_adjacent_sources_and_destinations_coalesce_into_one_run():
+    dst, src = _fsdp_cast(30, adjacent_src=True)
+    p = nd.explain(dst, src)
+    assert [r.indices for r in p.runs] == [list(range(30))]
+    assert p.runs[0].numel == sum(16 + k for k in range(30))
+    assert p.groups == [] and p.fallback == [] and p.launches == 1
+    assert "coalesced run pairs 0..29: 1 flat copy" in str(p)
+
+
+def test_mixed_dtypes_break_runs_and_group_by_dtype_pair():
+    buf_d, buf_s = torch.empty(40), torch.randn(40)
+    dst = list(torch.split(buf_d, 10)) + [torch.empty(5, dtype=bf16), torch.empty(5, dtype=bf16)]
+    src = list(torch.split(buf_s, 10)) + [torch.randn(5), torch.randn(5)]
+    src[2] = torch.randn(10)  # breaks source adjacency between pairs 1 and 2
+    p = nd.explain(dst, src)
+    assert [r.indices for r in p.runs] == [[0, 1]]
+    assert [(g.indices, g.src_dtype, g.dst_dtype) for g in p.groups] == [([2, 3], f32, f32), ([4, 5], f32, bf16)]
+
+
+def test_fallback_reasons_in_words():
+    dst = [torch.empty(4, 4).t(), torch.empty(3), torch.empty(2, 3), torch.empty(6)[::2], torch.empty(0)]
+    src = [torch.randn(4, 4), torch.randn(1), torch.randn(2, 3).to(torch.complex64), torch.randn(3), torch.randn(0)]
+    p = nd.explain(dst, src)
+    reasons = {i: p.reasons[i][1] for i in p.fallback}
+    assert reasons == {
+        0: "src[0] strides (4, 1) differ from dst[0] strides (1, 4)",
+        1: "src[1] shape (1,) broadcasts to dst[1] shape (3,)",
+        2: "pair 2 casts complex to real (stock warns per copy)",
+        3: "dst[3] is not dense",
+    }
+    assert p.empty == [4]
+    assert "fallback pair 3: dst[3] is not dense" in str(p)
+
+
+def test_size1_dims_may_have_any_stride():
+    base = torch.empty(3, 1, 4)
+    dst = [base.as_strided((3, 1, 4), (4, 99, 1))]
+    p = nd.explain(dst, [torch.randn(3, 1, 4)])
+    assert p.fallback == [] and [g.indices for g in p.groups] == [[0]]
+
+
+@pytest.mark.parametrize(
+    "make, kind, text",
+    [
+        (lambda: ([torch.empty(2)], [torch.empty(3)]), "may_raise", "does not broadcast"),
+        (lambda: ([torch.empty(1).expand(3)], [torch.empty(3)]), "may_raise", "internal overlap"),
+        (lambda: ([torch.empty(2, device="meta")], [torch.empty(2)]), "meta", "meta"),
+        (lambda: ([torch.empty(2).to_sparse()], [torch.empty(2).to_sparse()]), "layout", "layout torch.sparse_coo"),
+    ],
+)
+def test_whole_call_goes_to_stock(make, kind, text):
+    p = nd.explain(*make())
+    assert p.stock_reason[0] == kind and text in p.stock_reason[1]
+    assert "whole call -> stock" in str(p)
+
+
+def test_overlap_between_destination_and_source_of_another_pair():
+    x = torch.arange(10.0)
+    p = nd.explain([x[0:5], x[5:10]], [x[3:8], torch.zeros(5)])
+    assert p.stock_reason == ("aliasing", "src[0] overlaps dst[0]: kept as stock's sequential copy_ loop")
+    p = nd.explain([x[0:5], x[5:10]], [torch.zeros(5), x[0:5]])
+    assert p.stock_reason[0] == "aliasing" and "dst[0]" in p.stock_reason[1] and "src[1]" in p.stock_reason[1]
+
+
+def test_sources_may_overlap_each_other():
+    x = torch.arange(10.0)
+    p = nd.explain([torch.empty(5), torch.empty(5)], [x[0:5], x[2:7]])
+    assert p.stock_reason is None and p.fallback == []
+
+
+def test_run_never_leaves_its_storage():
+    # Two allocations that happen to be adjacent in memory must not become one flat view.
+    big = torch.empty(8)
+    a, b = big[:4], big[4:]
+    p = nd.explain([a, b], [torch.randn(8)[:4], torch.randn(4)])
+    assert p.runs == []  # sources are separate storages
+    s = torch.randn(8)
+    p = nd.explain([a, b], [s[:4], s[4:]])
+    assert [r.indices for r in p.runs] == [[0, 1]]
+
+
+def test_explain_checks_lists_like_stock():
+    with pytest.raises(RuntimeError, match="Tensor list must have at least one tensor."):
+        nd.explain([], [])
+    with pytest.raises(RuntimeError, match="got 1 and 2"):
+        nd.explain([torch.empty(1)], [torch.empty(1), torch.empty(1)])
+
+
+# ---- the npu rules, driven on CPU through the capability table --------------------------------
+
+
+def test_npu_before_cann_9_1_casts_only_in_coalesced_runs():
+    with override({"cpu": npu_capability("8.0.RC3")}):
+        dst, src = _fsdp_cast(10)
+        p = nd.explain(dst, src)
+        assert p.groups == [] and p.fallback == list(range(10))
+        assert p.reasons[0] == ("dtype", "dtype pair float32->bfloat16 not supported by the npu fast path")
+        dst, src = _fsdp_cast(10, adjacent_src=True)
+        assert nd.explain(dst, src).launches == 1  # one flat cast still beats N launches
+
+
+def test_npu_cann_9_1_cross_dtype_groups_split_by_48():
+    with override({"cpu": npu_capability("9.1.0")}):
+        dst, src = _fsdp_cast(100)
+        p = nd.explain(dst, src)
+        assert [(len(g.indices), g.launches) for g in p.groups] == [(100, 3)]
+        dst, src = _fsdp_cast(5, src_dtype=f64)
+        p = nd.explain(dst, src)
+        assert p.reasons[0][1] == "dtype pair float64->bfloat16 not supported by the npu fast path"
+
+
+@pytest.mark.parametrize("cann, int64_ok", [("8.0.RC3", False), ("8.1.RC1", True), (None, False)])
+def test_npu_int64_needs_cann_8_1(cann, int64_ok):
+    with override({"cpu": npu_capability(cann)}):
+        p = nd.explain([torch.empty(3, dtype=torch.int64), torch.empty(3, dtype=torch.int64)],
+                       [torch.zeros(3, dtype=torch.int64), torch.zeros(3, dtype=torch.int64)])
+        assert (p.fallback == []) is int64_ok
+
+
+def test_no_capability_means_fallback_and_results_still_match():
+    with override({"cpu": None}):
+        dst = [torch.empty(3), torch.empty(4)]
+        src = [torch.randn(3), torch.randn(4)]
+        p = nd.explain(dst, src)
+        assert p.fallback == [0, 1] and p.reasons[0][1] == "no fast path for device type cpu"
+        with nd.NpuFastCopyMode() as m:
+            torch._foreach_copy_(dst, src)
+        assert torch.equal(dst[0], src[0]) and m.stats.fallback_reasons["no_capability"] == 2
+
+
+def test_override_is_scoped_and_table_is_data():
+    cap = Capability("test", frozenset({f32}), frozenset(), 7, "test")
+    with override({"cpu": cap}):
+        assert nd.capabilities.lookup("cpu") is cap
+        assert cap.launches(15) == 3
+    assert nd.capabilities.lookup("cpu").name == "cpu"
+    assert nd.capabilities.table()["npu"].max_tensors_per_launch == 48
