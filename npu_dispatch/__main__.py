@@ -1,0 +1,21 @@
+"""Command line: ``python -m npu_dispatch doctor`` (``bench`` lives in ``python -m npu_dispatch.bench``)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m npu_dispatch")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("doctor", help="versions, devices, native build and capability table")
+    args = p.parse_args(argv)
+    if args.cmd == "doctor":
+        from .doctor import report
+
+        print(report())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

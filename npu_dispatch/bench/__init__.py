@@ -1,0 +1,6 @@
+"""The benchmark suite of issue 3: ``python -m npu_dispatch.bench [--quick] [--only ...] [--json] [--out DIR]``.
+
+Modules: ``workloads`` (the cases, as data), ``timing`` (interleaved ``torch.utils.benchmark``
+timing), ``suite`` (bitwise check, variants, metrics, targets), ``machine`` (environment and
+native-extension status), ``report`` (tables, markdown, chart). Times are microseconds.
+"""

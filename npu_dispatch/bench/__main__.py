@@ -1,0 +1,92 @@
+"""``python -m npu_dispatch.bench``: the issue-3 benchmark suite (see ``--help``)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+from . import report, suite
+from .machine import machine_info
+from .workloads import WORKLOADS, by_name
+
+# (rounds, seconds per variant per round)
+_FULL = (7, 0.25)
+_QUICK = (3, 0.02)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m npu_dispatch.bench",
+        description="Stock vs npu_dispatch copies: times (us), ratios, roofline efficiency, launches, targets.",
+    )
+    p.add_argument("--quick", action="store_true", help="short run (under a minute): sanity, not numbers to quote")
+    p.add_argument("--only", metavar="NAME[,NAME]", help="comma-separated workloads (see --list)")
+    p.add_argument("--list", action="store_true", help="list the workloads and exit")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    p.add_argument("--out", metavar="DIR", help="write DIR/benchmarks.md and DIR/benchmarks.png")
+    p.add_argument("--threads", type=int, default=torch.get_num_threads(),
+                   help="torch intra-op threads (default: torch's default here, %(default)s)")
+    p.add_argument("--rounds", type=int, help="interleaved rounds (default 7, --quick 3)")
+    p.add_argument("--min-run-time", type=float, help="seconds per variant per round (default 0.25, --quick 0.02)")
+    return p
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Run the selected workloads; returns the JSON-ready result."""
+    rounds, min_run_time = _QUICK if args.quick else _FULL
+    cfg = suite.Config(args.rounds or rounds, args.min_run_time or min_run_time, args.threads)
+    names = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
+    workloads = by_name(names)
+    log = lambda s: print(f"[bench] {s}", file=sys.stderr, flush=True)  # noqa: E731
+    before = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)
+    try:
+        rows = [suite.run_workload(w, cfg, log) for w in workloads]
+    finally:
+        torch.set_num_threads(before)  # run() is also called in-process (tests)
+    return {
+        "schema": 1,
+        "machine": machine_info(cfg.threads),
+        "config": {"quick": args.quick, "rounds": cfg.rounds, "min_run_time_s": cfg.min_run_time,
+                   "threads": cfg.threads, "only": names},
+        "workloads": rows,
+        "all_pass": all(r.get("pass", False) for r in rows),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns 0 whether or not targets pass (they are reported, not asserted)."""
+    args = _parser().parse_args(argv)
+    if args.list:
+        for w in WORKLOADS:
+            print(f"{w.name:22} {w.description}")
+        return 0
+    try:
+        result = run(args)
+    except KeyError as e:
+        print(e.args[0], file=sys.stderr)
+        return 2
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        chart = report.write_chart(result, os.path.join(args.out, "benchmarks.png"))
+        if chart is None:
+            print("[bench] matplotlib missing: no chart (pip install 'npu-dispatch[bench]')", file=sys.stderr)
+        report.write_markdown(result, os.path.join(args.out, "benchmarks.md"), chart)
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        m = result["machine"]
+        print(f"{m['cpu']}, {m['torch_threads']} torch threads, torch {m['torch']}, "
+              f"native extension: {m['native_extension']['detail']}, load {m['load_average']}\n")
+        print(report.tables(result))
+    if result["machine"]["busy"]:
+        print(f"[bench] WARNING: load average {result['machine']['load_average']} at start: the machine is "
+              "busy, numbers are not quotable (try --threads 1 for a sanity run)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""Runs workloads: checks each bitwise against stock, times stock / direct / mode / roofline
+interleaved, and derives ratios, efficiency, launches and the issue's targets.
+"""
+from __future__ import annotations
+
+import dataclasses
+import gc
+from typing import Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import npu_dispatch
+from npu_dispatch import NpuFastCopyMode
+
+from . import timing
+from .workloads import DispatchArgs, ForeachArgs, Workload
+
+__all__ = ["Config", "PassThroughMode", "variants", "bitwise_check", "run_workload"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """``rounds`` interleaved rounds of ``min_run_time`` seconds per variant, on ``threads`` threads."""
+
+    rounds: int
+    min_run_time: float
+    threads: int
+
+
+class PassThroughMode(TorchDispatchMode):
+    """The cheapest possible dispatch mode: the floor any Python mode pays per op."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def _fsdp_all_gather_copy_in():
+    import torch.distributed.fsdp  # noqa: F401  registers fsdp::all_gather_copy_in
+
+    return torch.ops.fsdp.all_gather_copy_in
+
+
+def variants(args) -> list[timing.Variant]:
+    """The variants timed for one workload's arguments.
+
+    Copy workloads: ``stock`` (the stock op), ``direct`` (``npu_dispatch.foreach_copy_`` /
+    ``all_gather_copy_in``), ``mode`` (the stock call under ``NpuFastCopyMode``), ``roofline`` (one
+    flat ``copy_`` of as many elements, same dtypes, between two contiguous buffers).
+    ``DispatchArgs``: ``no_mode``, ``bare_mode`` (:class:`PassThroughMode`), ``mode``.
+    """
+    V = timing.Variant
+    if isinstance(args, DispatchArgs):
+        g = {"torch": torch, "a": args.a, "b": args.b}
+        stmt = "torch.add(a, b)"
+        return [V("no_mode", stmt, g), V("bare_mode", stmt, g, PassThroughMode), V("mode", stmt, g, NpuFastCopyMode)]
+    src_dtype, dst_dtype = args.dtypes
+    numel = args.numel
+    g = {
+        "torch": torch,
+        "flat_src": torch.randn(numel).to(src_dtype),
+        "flat_dst": torch.zeros(numel, dtype=dst_dtype),
+    }
+    if isinstance(args, ForeachArgs):
+        g.update(dsts=args.dsts, srcs=args.srcs, foreach_copy_=npu_dispatch.foreach_copy_)
+        stock, direct = "torch._foreach_copy_(dsts, srcs)", "foreach_copy_(dsts, srcs)"
+    else:
+        g.update(
+            inputs=args.inputs, output=args.output, split_sizes=args.split_sizes, numel=args.numel,
+            rank=args.rank, stock_op=_fsdp_all_gather_copy_in(),
+            direct_op=npu_dispatch.all_gather_copy_in,
+        )
+        call = "(inputs, output, split_sizes, numel, rank)"
+        stock, direct = "stock_op" + call, "direct_op" + call
+    return [V("stock", stock, g), V("direct", direct, g), V("mode", stock, g, NpuFastCopyMode),
+            V("roofline", "flat_dst.copy_(flat_src)", g)]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def bitwise_check(outputs: list[torch.Tensor], stock: Callable[[], None],
+                  ours: dict[str, Callable[[], None]]) -> dict[str, bool]:
+    """Run ``stock`` then each of ``ours`` from zeroed ``outputs``; True where every bit matches.
+
+    ``outputs`` are the tensors the calls write (zeroed in place, so views stay views).
+    """
+    def fresh() -> None:
+        for t in outputs:
+            t.zero_()
+
+    fresh()
+    stock()
+    ref = [_bits(t).clone() for t in outputs]
+    result = {}
+    for name, fn in ours.items():
+        fresh()
+        fn()
+        result[name] = all(torch.equal(_bits(t), r) for t, r in zip(outputs, ref))
+    return result
+
+
+def _launches(stock: timing.Variant) -> tuple[int, dict]:
+    """Device launches and per-path pair counts of one stock call under a fresh NpuFastCopyMode."""
+    mode = NpuFastCopyMode()
+    with mode:
+        exec(stock.stmt, stock.globals)
+    d = mode.stats.as_dict()["paths"]
+    return sum(p["launches"] for p in d.values()), {k: v["tensors"] for k, v in d.items() if v["calls"]}
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def run_workload(w: Workload, cfg: Config, log: Callable[[str], None] = lambda s: None) -> dict:
+    """Check and time one workload; returns its JSON row (times in microseconds)."""
+    log(f"{w.name}: building")
+    try:
+        args = w.build()
+        vs = variants(args)
+    except (ImportError, RuntimeError, AttributeError) as e:  # e.g. torch without distributed / fsdp op
+        return {"name": w.name, "description": w.description, "skipped": f"{type(e).__name__}: {e}"}
+    by = {v.name: v for v in vs}
+    row: dict = {"name": w.name, "description": w.description}
+    if isinstance(args, DispatchArgs):
+        row["kind"] = "dispatch"
+    else:
+        row["kind"] = "foreach" if isinstance(args, ForeachArgs) else "all_gather_copy_in"
+        src_dtype, dst_dtype = args.dtypes
+        row.update(pairs=args.pairs, elements=args.numel, src_dtype=str(src_dtype).removeprefix("torch."),
+                   dst_dtype=str(dst_dtype).removeprefix("torch."),
+                   bytes_moved=args.numel * (src_dtype.itemsize + dst_dtype.itemsize))
+        log(f"{w.name}: bitwise check")
+        row["bitwise_equal"] = bitwise_check(
+            args.outputs, by["stock"].run_once, {"direct": by["direct"].run_once, "mode": by["mode"].run_once}
+        )
+        row["launches"], row["paths"] = _launches(by["stock"])
+        row["stock_launches"] = args.pairs  # the stock CPU op: one copy_ per pair
+    log(f"{w.name}: timing {', '.join(by)} x {cfg.rounds} rounds")
+    t = timing.interleaved(vs, rounds=cfg.rounds, min_run_time=cfg.min_run_time, threads=cfg.threads)
+    row["times_us"] = {k: v.as_dict() for k, v in t.items()}
+    med = {k: v.median_us for k, v in t.items()}
+    if isinstance(args, DispatchArgs):
+        metrics = {"extra_us_vs_bare_mode": med["mode"] - med["bare_mode"],
+                   "extra_us_vs_no_mode": med["mode"] - med["no_mode"]}
+    else:
+        metrics = {
+            "speedup_direct": _ratio(med["stock"], med["direct"]),
+            "speedup_mode": _ratio(med["stock"], med["mode"]),
+            "efficiency_direct": _ratio(med["roofline"], med["direct"]),
+            "efficiency_mode": _ratio(med["roofline"], med["mode"]),
+            "efficiency_stock": _ratio(med["roofline"], med["stock"]),
+        }
+    row["metrics"] = metrics
+    row["checks"] = [
+        {"target": str(tg), "metric": tg.metric, "value": metrics.get(tg.metric), "pass": tg.check(metrics.get(tg.metric))}
+        for tg in w.targets
+    ]
+    row["pass"] = all(c["pass"] for c in row["checks"]) and all(row.get("bitwise_equal", {}).values())
+    del args, vs, by
+    gc.collect()
+    return row

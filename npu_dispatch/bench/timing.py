@@ -1,0 +1,78 @@
+"""Interleaved timing with ``torch.utils.benchmark.Timer``: every variant of a workload is timed in
+each round, in a rotated order, so machine drift hits all of them alike.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import statistics
+from typing import Any, Callable, ContextManager
+
+from torch.utils.benchmark import Timer
+
+__all__ = ["Variant", "Timing", "interleaved"]
+
+
+@dataclasses.dataclass
+class Variant:
+    """One way to run a workload: ``stmt`` evaluated in ``globals``, inside ``context()``.
+
+    The context (a dispatch mode, say) is entered once around a whole measurement, as a user
+    enters a mode once around a training loop, so its enter/exit cost is not counted per call.
+    """
+
+    name: str
+    stmt: str
+    globals: dict[str, Any]
+    context: Callable[[], ContextManager] = contextlib.nullcontext
+
+    def run_once(self) -> None:
+        """One call, outside the timer (warm-up, correctness checks)."""
+        with self.context():
+            exec(self.stmt, self.globals)
+
+
+@dataclasses.dataclass
+class Timing:
+    """Per-call wall time of one variant, in microseconds.
+
+    ``median_us`` and ``iqr_us`` are over every block of every round (a block's time divided by
+    its calls); ``round_medians_us`` shows drift between rounds.
+    """
+
+    median_us: float
+    iqr_us: float
+    blocks: int
+    round_medians_us: list[float]
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def interleaved(
+    variants: list[Variant], *, rounds: int, min_run_time: float, threads: int
+) -> dict[str, Timing]:
+    """Time each variant with ``Timer.blocked_autorange`` once per round, rotating the order.
+
+    Args:
+        variants: what to time; names must be unique.
+        rounds: rounds (>= 1); round r starts with variant ``r % len(variants)``.
+        min_run_time: seconds each variant runs per round.
+        threads: torch intra-op threads during measurement (``Timer(num_threads=...)``).
+    """
+    times: dict[str, list[float]] = {v.name: [] for v in variants}
+    per_round: dict[str, list[float]] = {v.name: [] for v in variants}
+    for r in range(rounds):
+        k = r % len(variants)
+        for v in variants[k:] + variants[:k]:
+            timer = Timer(stmt=v.stmt, globals=v.globals, num_threads=threads, description=v.name)
+            with v.context():
+                m = timer.blocked_autorange(min_run_time=min_run_time)
+            times[v.name].extend(m.times)
+            per_round[v.name].append(m.median * 1e6)
+    out = {}
+    for name, ts in times.items():
+        us = sorted(t * 1e6 for t in ts)
+        q = statistics.quantiles(us, n=4) if len(us) > 1 else [us[0]] * 3
+        out[name] = Timing(statistics.median(us), q[2] - q[0], len(us), per_round[name])
+    return out

@@ -1,0 +1,258 @@
+"""The benchmark workloads, as named data.
+
+Each :class:`Workload` builds fresh, deterministic tensors (fixed seed) for one call of the op it
+measures. Destinations start zeroed, so a pair the fast path forgets to write shows up in the
+bitwise comparison against stock. Sizes are element counts; times elsewhere are microseconds.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Union
+
+import torch
+
+__all__ = [
+    "ForeachArgs", "CopyInArgs", "DispatchArgs", "Target", "Workload", "WORKLOADS", "by_name",
+    "LLAMA_BLOCK", "LLAMA_WORLD_SIZE",
+]
+
+_SEED = 20240603
+_f32, _bf16 = torch.float32, torch.bfloat16
+
+
+@dataclasses.dataclass
+class ForeachArgs:
+    """Arguments of ``torch._foreach_copy_(dsts, srcs)``."""
+
+    dsts: list[torch.Tensor]
+    srcs: list[torch.Tensor]
+
+    @property
+    def outputs(self) -> list[torch.Tensor]:
+        """Tensors the op writes (compared bitwise against stock)."""
+        return self.dsts
+
+    @property
+    def pairs(self) -> int:
+        return len(self.dsts)
+
+    @property
+    def numel(self) -> int:
+        """Elements copied by one call."""
+        return sum(d.numel() for d in self.dsts)
+
+    @property
+    def dtypes(self) -> tuple[torch.dtype, torch.dtype]:
+        """(src dtype, dst dtype) of the first pair; every workload uses one pair of dtypes."""
+        return self.srcs[0].dtype, self.dsts[0].dtype
+
+
+@dataclasses.dataclass
+class CopyInArgs:
+    """Arguments of ``fsdp.all_gather_copy_in(inputs, output, split_sizes, numel, rank)``.
+
+    ``output`` holds ``world_size * numel`` elements; this rank writes ``numel`` of them.
+    """
+
+    inputs: list[torch.Tensor]
+    output: torch.Tensor
+    split_sizes: list[int]
+    numel: int
+    rank: int
+    world_size: int
+
+    @property
+    def outputs(self) -> list[torch.Tensor]:
+        return [self.output]
+
+    @property
+    def pairs(self) -> int:
+        return len(self.inputs)
+
+    @property
+    def dtypes(self) -> tuple[torch.dtype, torch.dtype]:
+        return self.inputs[0].dtype, self.output.dtype
+
+
+@dataclasses.dataclass
+class DispatchArgs:
+    """Operands of one op the mode does not intercept (``torch.add(a, b)``)."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+
+
+Args = Union[ForeachArgs, CopyInArgs, DispatchArgs]
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """One goal from issue 3: ``metric op threshold`` (op is ``>=`` or ``<=``).
+
+    Metrics: ``speedup_direct`` / ``speedup_mode`` (stock time / ours, x), ``efficiency_direct``
+    (roofline time / direct time), ``extra_us_vs_bare_mode`` (NpuFastCopyMode minus a bare
+    pass-through mode, microseconds per op).
+    """
+
+    metric: str
+    op: str
+    threshold: float
+
+    def check(self, value: float | None) -> bool:
+        if value is None:
+            return False
+        return value >= self.threshold if self.op == ">=" else value <= self.threshold
+
+    def __str__(self) -> str:
+        return f"{self.metric} {self.op} {self.threshold:g}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """A named benchmark case: ``build()`` returns fresh arguments for one call."""
+
+    name: str
+    description: str
+    build: Callable[[], Args]
+    targets: tuple[Target, ...] = ()
+
+
+def _gen() -> torch.Generator:
+    return torch.Generator().manual_seed(_SEED)
+
+
+def _separate(sizes: list[int], src_dtype: torch.dtype, dst_dtype: torch.dtype) -> ForeachArgs:
+    """One allocation per tensor, as optimizer states or per-parameter shards are."""
+    g = _gen()
+    srcs = [torch.randn(n, generator=g).to(src_dtype) for n in sizes]
+    dsts = [torch.zeros(n, dtype=dst_dtype) for n in sizes]
+    return ForeachArgs(dsts, srcs)
+
+
+# 64..256 elements, spread (not sorted) over 512 tensors.
+TINY_SIZES = [64 + (i * 61) % 193 for i in range(512)]
+# 64, 128, ..., 4096 repeated: 200 tensors, 232,192 elements in all.
+SMALL_SIZES = [64 << (i % 7) for i in range(200)]
+
+
+def _adjacent() -> ForeachArgs:
+    # FSDP2 copy-in under mixed precision: the inputs are torch.split views of the bf16 cast
+    # buffer and the outputs split views of the all-gather buffer: both sides adjacent.
+    total = sum(SMALL_SIZES)
+    src = torch.randn(total, generator=_gen()).to(_bf16)
+    dst = torch.zeros(total, dtype=_bf16)
+    return ForeachArgs(list(torch.split(dst, SMALL_SIZES)), list(torch.split(src, SMALL_SIZES)))
+
+
+# One Llama-3-8B block: (name, shape) of each parameter, in registration order.
+LLAMA_BLOCK: tuple[tuple[str, tuple[int, ...]], ...] = (
+    ("attention.wq", (4096, 4096)),
+    ("attention.wk", (1024, 4096)),
+    ("attention.wv", (1024, 4096)),
+    ("attention.wo", (4096, 4096)),
+    ("feed_forward.w1", (14336, 4096)),
+    ("feed_forward.w2", (4096, 14336)),
+    ("feed_forward.w3", (14336, 4096)),
+    ("attention_norm.weight", (4096,)),
+    ("ffn_norm.weight", (4096,)),
+)
+LLAMA_WORLD_SIZE = 8
+
+
+def _shard_numel(shape: tuple[int, ...], world_size: int) -> int:
+    """Elements of one rank's padded dim-0 shard, as FSDP2 ``FSDPParam`` allocates it."""
+    rows = -(-shape[0] // world_size)  # torch.chunk size of dim 0; the last chunk is padded to it
+    rest = 1
+    for s in shape[1:]:
+        rest *= s
+    return rows * rest
+
+
+def _llama_block_copy_in(rank: int = 1) -> CopyInArgs:
+    # Full size (no scaling): 27.3M fp32 elements per rank (109 MB of inputs), a 873 MB
+    # all-gather output; about 2 GB with the roofline buffers and the stock snapshot.
+    # fp32 -> fp32, no mixed precision: each input is its own parameter's shard allocation.
+    g = _gen()
+    sizes = [_shard_numel(shape, LLAMA_WORLD_SIZE) for _, shape in LLAMA_BLOCK]
+    inputs = [torch.randn(n, generator=g) for n in sizes]
+    numel = sum(sizes)
+    output = torch.zeros(numel * LLAMA_WORLD_SIZE, dtype=_f32)
+    return CopyInArgs(inputs, output, sizes, numel, rank, LLAMA_WORLD_SIZE)
+
+
+def _add16() -> DispatchArgs:
+    g = _gen()
+    return DispatchArgs(torch.randn(16, generator=g), torch.randn(16, generator=g))
+
+
+_ge = lambda m, t: Target(m, ">=", t)  # noqa: E731
+
+WORKLOADS: tuple[Workload, ...] = (
+    Workload(
+        "tiny_many",
+        "512 separate fp32 tensors of 64..256 elements, fp32 -> fp32 (dispatch bound)",
+        lambda: _separate(TINY_SIZES, _f32, _f32),
+        (_ge("speedup_direct", 6), _ge("speedup_mode", 4)),
+    ),
+    Workload(
+        "small_many",
+        "200 separate fp32 tensors, sizes cycling 64, 128, ..., 4096 elements, fp32 -> fp32",
+        lambda: _separate(SMALL_SIZES, _f32, _f32),
+        (_ge("speedup_direct", 3), _ge("efficiency_direct", 0.75)),
+    ),
+    Workload(
+        "small_many_cast",
+        "the small_many list copied fp32 -> bf16 (FSDP2 mixed-precision cast)",
+        lambda: _separate(SMALL_SIZES, _f32, _bf16),
+        (_ge("speedup_direct", 3), _ge("efficiency_direct", 0.75)),
+    ),
+    Workload(
+        "adjacent",
+        "small_many sizes as torch.split views of one flat bf16 buffer into split views of "
+        "another, bf16 -> bf16 (FSDP2 copy-in under mixed precision)",
+        _adjacent,
+        (_ge("speedup_direct", 3), _ge("efficiency_direct", 0.75)),
+    ),
+    Workload(
+        "large",
+        "16 separate fp32 tensors of 4M elements, fp32 -> fp32 (memory bound)",
+        lambda: _separate([4 << 20] * 16, _f32, _f32),
+        (_ge("speedup_direct", 0.95), _ge("efficiency_direct", 0.9)),
+    ),
+    Workload(
+        "moe_many",
+        "1024 separate fp32 tensors of 16K elements, fp32 -> fp32 (memory bound)",
+        lambda: _separate([16 << 10] * 1024, _f32, _f32),
+        (_ge("speedup_direct", 0.95), _ge("efficiency_direct", 0.9)),
+    ),
+    Workload(
+        "llama_block_copy_in",
+        "fsdp.all_gather_copy_in of one Llama-3-8B block's dim-0 shards (wq, wk, wv, wo, w1, w2, "
+        "w3, 2 norms) at world size 8, rank 1, fp32 -> fp32, full size",
+        _llama_block_copy_in,
+        (_ge("efficiency_direct", 0.8), _ge("speedup_direct", 1.0)),
+    ),
+    Workload(
+        "mode_overhead",
+        "torch.add of two 16-float tensors (not intercepted): no mode vs a bare pass-through "
+        "TorchDispatchMode vs NpuFastCopyMode",
+        _add16,
+        (Target("extra_us_vs_bare_mode", "<=", 1.0),),
+    ),
+)
+
+
+def by_name(names: list[str] | None = None) -> list[Workload]:
+    """The workloads named, in suite order (all when ``names`` is None).
+
+    Raises:
+        KeyError: an unknown name (the message lists the known ones).
+    """
+    if not names:
+        return list(WORKLOADS)
+    known = {w.name: w for w in WORKLOADS}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise KeyError(f"unknown workload(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    wanted = set(names)
+    return [w for w in WORKLOADS if w.name in wanted]

@@ -1,0 +1,107 @@
+"""The benchmark suite (npu_dispatch/bench/): its JSON shape and the correctness of its workloads.
+
+No timing assertions: only structure, and that each workload's direct op writes exactly stock's bits.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import npu_dispatch
+from npu_dispatch.bench import __main__ as bench_main
+from npu_dispatch.bench import workloads
+
+_ONLY = ["tiny_many", "mode_overhead"]
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    argv = ["--quick", "--only", ",".join(_ONLY), "--json", "--rounds", "1", "--min-run-time", "0.001",
+            "--threads", "1", "--out", str(out)]
+    return argv, out
+
+
+def test_quick_json_structure(quick_run, capsys):
+    argv, out = quick_run
+    assert bench_main.main(argv) == 0
+    result = json.loads(capsys.readouterr().out)  # exactly one JSON object on stdout
+    assert result["schema"] == 1
+    assert result["config"]["threads"] == 1 and result["config"]["only"] == _ONLY
+    assert {"cpu", "torch_threads", "torch", "native_extension", "date"} <= result["machine"].keys()
+    assert isinstance(result["machine"]["native_extension"]["present"], bool)
+    assert [r["name"] for r in result["workloads"]] == _ONLY
+    tiny, overhead = result["workloads"]
+
+    assert set(tiny["times_us"]) == {"stock", "direct", "mode", "roofline"}
+    assert set(overhead["times_us"]) == {"no_mode", "bare_mode", "mode"}
+    for row in (tiny, overhead):
+        for t in row["times_us"].values():
+            assert t["median_us"] > 0 and t["blocks"] >= 1 and len(t["round_medians_us"]) == 1
+        assert row["checks"] and all(isinstance(c["pass"], bool) for c in row["checks"])
+        assert isinstance(row["pass"], bool)
+    assert {"speedup_direct", "speedup_mode", "efficiency_direct"} <= tiny["metrics"].keys()
+    assert "extra_us_vs_bare_mode" in overhead["metrics"]
+
+    assert tiny["pairs"] == 512 and tiny["elements"] == sum(workloads.TINY_SIZES)
+    assert tiny["bitwise_equal"] == {"direct": True, "mode": True}
+    assert tiny["launches"] >= 1 and sum(tiny["paths"].values()) == 512
+
+    md = (out / "benchmarks.md").read_text()
+    assert "tiny_many" in md and "| workload |" in md
+    if _has_matplotlib():
+        assert (out / "benchmarks.png").stat().st_size > 0
+
+
+def _has_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def test_unknown_workload_is_an_error(capsys):
+    assert bench_main.main(["--quick", "--only", "nope"]) == 2
+    assert "tiny_many" in capsys.readouterr().err
+
+
+def _bits(ts):
+    return [t.contiguous().reshape(-1).view(torch.uint8) for t in ts]
+
+
+@pytest.mark.parametrize("name", ["tiny_many", "small_many", "small_many_cast", "adjacent"])
+def test_direct_op_matches_stock_bitwise(name):
+    # Two independent builds from the workload's fixed seed: stock writes one, the direct op the other.
+    (w,) = workloads.by_name([name])
+    ref, ours = w.build(), w.build()
+    assert all(torch.equal(a, b) for a, b in zip(ref.srcs, ours.srcs)), "builder is not deterministic"
+    torch._foreach_copy_(ref.dsts, ref.srcs)
+    npu_dispatch.foreach_copy_(ours.dsts, ours.srcs)
+    assert all(torch.equal(a, b) for a, b in zip(_bits(ref.dsts), _bits(ours.dsts)))
+    if name == "adjacent":  # the views really are adjacent: the fast path may coalesce them
+        assert ours.dsts[1].data_ptr() == ours.dsts[0].data_ptr() + ours.dsts[0].nbytes
+
+
+def test_copy_in_shapes_follow_fsdp2():
+    sizes = [workloads._shard_numel(s, workloads.LLAMA_WORLD_SIZE) for _, s in workloads.LLAMA_BLOCK]
+    assert sizes[0] == 512 * 4096 and sizes[4] == 1792 * 4096 and sizes[-1] == 512
+    assert workloads._shard_numel((10, 3), 8) == 2 * 3  # dim 0 padded to a multiple of world size
+
+
+def test_copy_in_variants_match_stock_bitwise():
+    # The suite's all_gather_copy_in path, on a small stand-in for the Llama block (which the suite
+    # itself checks at full size on every run).
+    from npu_dispatch.bench import suite
+
+    g = torch.Generator().manual_seed(0)
+    sizes = [48, 16, 64]
+    args = workloads.CopyInArgs([torch.randn(n, generator=g) for n in sizes], torch.zeros(4 * 128),
+                                sizes, 128, 2, 4)
+    by = {v.name: v for v in suite.variants(args)}
+    equal = suite.bitwise_check(args.outputs, by["stock"].run_once,
+                                {"direct": by["direct"].run_once, "mode": by["mode"].run_once})
+    assert equal == {"direct": True, "mode": True}
+    assert torch.equal(args.output[256:384], torch.cat(args.inputs))
