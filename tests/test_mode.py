@@ -291,3 +291,35 @@ def test_under_another_mode_results_still_match():
         torch._foreach_copy_(d1, s1)
     for a, b in zip(d0, d1):
         assert torch.equal(bits(a), bits(b))
+
+
+# ---- known classes of upstream foreach bugs, pinned as explicit cases --------------------------
+
+UPSTREAM_BUG_CLASSES = {
+    # destination lists holding several dtypes (fast route must group, not assume dst[0]'s dtype)
+    "several_dst_dtypes": Case(
+        tuple(Pair((33,), f32, dt, "contiguous", "contiguous") for dt in (bf16, f32, torch.float16, torch.int32) * 3),
+        True, True, (), 11),
+    # size-0 tensors between large ones (large = past ATen's parallel grain of 32768 elements)
+    "empty_between_large": Case(
+        (Pair((70000,), f32, bf16, "contiguous", "contiguous"), Pair((0,), f32, bf16, "contiguous", "contiguous"),
+         Pair((40000,), f32, bf16, "contiguous", "contiguous"), Pair((0, 3), f32, bf16, "contiguous", "contiguous"),
+         Pair((65537,), f32, bf16, "contiguous", "contiguous")),
+        True, True, (), 12),
+    # stride differences on size-1 dims only: still the fast route
+    "size1_strides": Case(
+        tuple(Pair((3, 1, 5), f32, f32, lay, "contiguous") for lay in ("size1_strides", "contiguous") * 4),
+        False, False, (), 13),
+    # sources that alias destinations at other indices
+    "src_aliases_other_dst": Case(
+        tuple(Pair((16,), f32, f32, "contiguous", "contiguous") for _ in range(6)),
+        True, True, ((0, 1), (3, 2), (5, 0)), 14),
+}
+
+
+@pytest.mark.parametrize("name", list(UPSTREAM_BUG_CLASSES))
+@pytest.mark.parametrize("how", ["mode", "direct"])
+def test_upstream_foreach_bug_classes(name, how):
+    case = UPSTREAM_BUG_CLASSES[name]
+    ours = mode_copy if how == "mode" else nd.foreach_copy_
+    assert_same(run(case, stock_copy), run(case, ours))
