@@ -1,4 +1,4 @@
-"""Command line: ``python -m npu_dispatch doctor`` (``bench`` lives in ``python -m npu_dispatch.bench``)."""
+"""Command line: ``python -m npu_dispatch doctor|build`` (benchmarks: ``python -m npu_dispatch.bench``)."""
 from __future__ import annotations
 
 import argparse
@@ -9,12 +9,19 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m npu_dispatch")
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("doctor", help="versions, devices, native build and capability table")
+    sub.add_parser("build", help="build (or load the cached) C++ extension now, not on first use")
     args = p.parse_args(argv)
     if args.cmd == "doctor":
         from .doctor import report
 
         print(report())
-    return 0
+        return 0
+    from . import _native
+
+    _native.build()
+    built, reason = _native.status()
+    print(reason)
+    return 0 if built else 1
 
 
 if __name__ == "__main__":

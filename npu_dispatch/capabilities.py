@@ -18,11 +18,11 @@ import contextlib
 import dataclasses
 import re
 import threading
-from typing import Iterator, Mapping
+from typing import Callable, Iterator, Mapping
 
 import torch
 
-__all__ = ["Capability", "lookup", "table", "override", "npu_capability", "cann_version"]
+__all__ = ["Capability", "lookup", "table", "override", "npu_capability", "cann_version", "on_change"]
 
 _f32, _f16, _bf16 = torch.float32, torch.float16, torch.bfloat16
 
@@ -34,6 +34,10 @@ _ALL_DTYPES = frozenset(
         torch.complex64, torch.complex128,
     }
 )
+
+
+# Dtypes between which copy_ converts without raising, on every backend.
+COPY_DTYPES = _ALL_DTYPES
 
 
 def _all_cross_pairs() -> frozenset:
@@ -79,13 +83,19 @@ class Capability:
 
 
 def _parse_cann(version: str | None) -> tuple[int, int, int]:
-    """'8.1.RC1' -> (8, 1, 0); '9.1.0' -> (9, 1, 0); RC counts as below the release."""
+    """'8.1.RC1' -> (8, 1, 1); '9.1.0' -> (9, 1, 1000): a release candidate sorts below its release,
+    alpha/beta builds below every RC; ``None`` (unknown) below everything."""
     if not version:
         return (0, 0, 0)
-    nums = [int(x) for x in re.findall(r"\d+", version)[:2]]
-    while len(nums) < 2:
-        nums.append(0)
-    return (nums[0], nums[1], 0)
+    nums = [int(x) for x in re.findall(r"\d+", version)[:2]] + [0, 0]
+    rc = re.search(r"RC(\d+)", version.upper())
+    if rc:
+        stage = int(rc.group(1))
+    elif re.search(r"ALPHA|BETA", version.upper()):
+        stage = 0
+    else:
+        stage = 1000
+    return (nums[0], nums[1], stage)
 
 
 def npu_capability(cann: str | None) -> Capability:
@@ -95,10 +105,10 @@ def npu_capability(cann: str | None) -> Capability:
     """
     ver = _parse_cann(cann)
     dtypes = {torch.int32, torch.int16, torch.int8, torch.uint8, _bf16, _f32, _f16}
-    if ver >= (8, 1, 0):
+    if ver >= (8, 1, 1):  # from 8.1.RC1
         dtypes |= {torch.int64, torch.float64, torch.bool}
     cross = set()
-    if ver >= (9, 1, 0):
+    if ver >= (9, 1, 1000):  # from the 9.1 release
         cross = {(_f32, _f16), (_f32, _bf16), (_f16, _f32), (_bf16, _f32)}
     return Capability(
         name="npu",
@@ -119,6 +129,10 @@ def cann_version() -> str | None:
     mod = sys.modules.get("torch_npu")
     if mod is None:
         return None
+    try:  # the documented API (torch_npu.npu.utils)
+        return str(mod.npu.utils.get_cann_version())
+    except Exception:  # older torch_npu: no such function, or CANN not reachable
+        pass
     for path in ("version.cann", "version.__cann_version__", "__cann_version__"):
         obj = mod
         try:
@@ -140,6 +154,19 @@ def _defaults() -> dict[str, Capability]:
 _lock = threading.Lock()
 _table: dict[str, Capability] = _defaults()
 _overrides: list[Mapping[str, Capability | None]] = []
+# Called after every override enter/exit: the native planner keeps a pushed copy of the table.
+_listeners: list[Callable[[], None]] = []
+
+
+def on_change(fn: Callable[[], None]) -> None:
+    """Call ``fn()`` whenever the table in force changes (an ``override`` starts or ends)."""
+    if fn not in _listeners:
+        _listeners.append(fn)
+
+
+def _changed() -> None:
+    for fn in list(_listeners):
+        fn()
 
 
 def lookup(device_type: str) -> Capability | None:
@@ -175,7 +202,9 @@ def override(entries: Mapping[str, Capability | None]) -> Iterator[None]:
     with _lock:
         _overrides.append(layer)
     try:
+        _changed()
         yield
     finally:
         with _lock:
             _overrides.remove(layer)
+        _changed()

@@ -61,14 +61,9 @@ def _triton() -> str:
 
 
 def _native() -> str:
-    try:
-        from . import _native  # noqa: PLC0415  present once the C++ extension lands
-    except ImportError:
-        return "no native extension in this version (Python planner)"
-    status = getattr(_native, "status", None)
-    if status is None:
-        return "present"
-    built, reason = status()
+    from . import _native
+    _native.load()  # builds on first use (about 20 s on 2 cores), then loads from the cache
+    built, reason = _native.status()
     return f"{'built' if built else 'not built'}: {reason}"
 
 

@@ -1,8 +1,16 @@
 """Runs a plan: the one place where the fast path touches data.
 
-Shared by ``NpuFastCopyMode`` and the direct ops. Everything issued from here reaches the stock
-ATen ops; a thread-local flag tells every ``NpuFastCopyMode`` on the stack to pass those calls
-through, so nested modes neither plan twice nor count twice.
+Shared by ``NpuFastCopyMode`` and the direct ops. Two implementations of one contract:
+
+- native (``_native.load()`` succeeded): one call to ``npu_dispatch::_foreach_copy_planned``,
+  which plans and executes in C++ (``csrc/``) and returns a fixed-size count vector, so the
+  Python work per call does not grow with the number of tensors;
+- Python (no compiler, failed build, ``NPU_DISPATCH_NATIVE=0``): ``plan.build_plan`` and
+  ``_execute`` below. Slower per tensor, same results.
+
+Everything issued from here reaches the stock ATen ops (or the C++ CPU kernel); a thread-local
+flag tells every ``NpuFastCopyMode`` on the stack to pass those calls through, so nested modes
+neither plan twice nor count twice.
 """
 from __future__ import annotations
 
@@ -13,7 +21,9 @@ from typing import Sequence
 
 import torch
 
+from . import _native
 from . import plan as _plan
+from ._native_plan import BLOCKED, DEFERRED, decode_counts, native_plan
 from .errors import FastCopyFallbackError, FastCopyMismatchError
 from .stats import CopyStats
 
@@ -45,28 +55,69 @@ def _range(name: str):
     return contextlib.nullcontext()
 
 
+# CPU dtype pairs whose stock copy converts each element alike wherever it sits: a byte copy, or
+# ATen's vectorized fp32<->bf16 (partial vectors at the tail, no scalar path).
+_CPU_FLAT_OK = frozenset(
+    [(d, d) for d in (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                      torch.float16, torch.bfloat16, torch.float32, torch.float64,
+                      torch.complex64, torch.complex128)]
+    + [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32)]
+)
+
+
+def _cpu_flat_ok(r: _plan.Run, dsts, src_dtype: torch.dtype, dst_dtype: torch.dtype) -> bool:
+    if (src_dtype, dst_dtype) not in _CPU_FLAT_OK:
+        return False
+    return src_dtype == dst_dtype or all(dsts[i].dim() for i in r.indices)
+
+
 def _nbytes(tensors: Sequence[torch.Tensor], idx: list[int]) -> int:
     return sum(tensors[i].numel() * tensors[i].element_size() for i in idx)
 
 
-def _execute(p: _plan.Plan, dsts, srcs, non_blocking: bool) -> dict:
-    """Issue the plan's copies; returns path -> (tensors, bytes, launches) for the stats."""
+def _stock(p: _plan.Plan, dsts, srcs, non_blocking: bool, bump: bool) -> None:
+    """A whole-stock plan, bumping version counters as stock does (see plan.py)."""
+    if p.stock_reason[0] in ("aliasing", "may_raise"):
+        # Stock's CPU kernel: a copy_ loop; an error leaves the earlier pairs written and bumped.
+        for d, s in zip(dsts, srcs):
+            d.copy_(s, non_blocking=non_blocking)
+            if bump:
+                torch.autograd.graph.increment_version(d)
+        return
+    _aten_foreach_copy_(dsts, srcs, non_blocking)
+    if bump:
+        torch.autograd.graph.increment_version(dsts)
+
+
+def _execute(p: _plan.Plan, dsts, srcs, non_blocking: bool, bump: bool = False) -> dict:
+    """Issue the plan's copies; returns path -> (tensors, bytes, launches) for the stats.
+
+    Only a whole-stock plan bumps version counters here (``bump``); the caller bumps the others.
+    """
     counts: dict[str, tuple[int, int, int]] = {}
     if p.stock_reason is not None:
         with _range("stock"):
-            _aten_foreach_copy_(dsts, srcs, non_blocking)
+            _stock(p, dsts, srcs, non_blocking, bump)
         return {"stock": (p.n, _nbytes(dsts, range(p.n)), p.n)}
     if p.runs:
         nbytes = 0
         with _range("coalesced"):
             for r in p.runs:
                 d0, s0 = dsts[r.indices[0]], srcs[r.indices[0]]
+                nbytes += r.numel * d0.element_size()
+                if d0.device.type == "cpu" and not _cpu_flat_ok(r, dsts, s0.dtype, d0.dtype):
+                    # Stock's CPU result can depend on where a copy ends (FBGEMM's fp16 tails,
+                    # scalar tails of at::vec::convert) or on the shape (a 0-dim tensor takes
+                    # the scalar conversion): copy pair by pair, as stock does.
+                    _aten_foreach_copy_(
+                        [dsts[i] for i in r.indices], [srcs[i] for i in r.indices], non_blocking
+                    )
+                    continue
                 # One flat copy over the run: the same elementwise conversion stock applies per
                 # pair, so every bit matches, in one launch instead of len(r.indices).
                 flat_d = d0.as_strided((r.numel,), (1,), d0.storage_offset())
                 flat_s = s0.as_strided((r.numel,), (1,), s0.storage_offset())
                 flat_d.copy_(flat_s, non_blocking=non_blocking)
-                nbytes += r.numel * d0.element_size()
         counts["coalesced"] = (sum(len(r.indices) for r in p.runs), nbytes, len(p.runs))
     if p.groups:
         tensors = nbytes = launches = 0
@@ -81,9 +132,11 @@ def _execute(p: _plan.Plan, dsts, srcs, non_blocking: bool) -> dict:
         counts["foreach"] = (tensors, nbytes, launches)
     if p.fallback:
         with _range("fallback"):
-            _aten_foreach_copy_(
-                [dsts[i] for i in p.fallback], [srcs[i] for i in p.fallback], non_blocking
-            )
+            # Pair by pair, as stock's per-tensor path: a sub-list handed to the device's
+            # _foreach_copy_ could take a route the full list would not (op-plugin's batched H2D
+            # memcpy of a now uniform list copies raw bytes and ignores strides).
+            for i in p.fallback:
+                dsts[i].copy_(srcs[i], non_blocking=non_blocking)
         counts["fallback"] = (len(p.fallback), _nbytes(dsts, p.fallback), p.fallback_launches)
     if p.empty:
         counts["empty"] = (len(p.empty), 0, 0)
@@ -120,11 +173,16 @@ def foreach_copy(
     strict: bool = False,
     verify: bool = False,
     bump: bool = True,
-) -> None:
+    defer_if_grad: bool = False,
+) -> bool:
     """``_foreach_copy_(dsts, srcs, non_blocking)`` through the planner; see ``plan.py``.
 
     Bumps each listed destination's version counter once, as stock's in-place op does without
     a mode (``bump=False`` for the functional variant, whose fresh outputs stay at version 0).
+
+    ``defer_if_grad`` (callers that bypass the dispatcher): when grad mode is on and a tensor
+    requires grad, do nothing and return False, so the caller goes through the op, whose
+    Autograd kernel must see the copy. Returns True when the copy was done.
 
     Raises:
         RuntimeError: stock's list-level errors (before writing), or whatever stock raises for a
@@ -133,27 +191,90 @@ def foreach_copy(
         FastCopyMismatchError: ``verify`` and the result differs bitwise from stock.
     """
     _plan.check_lists(dsts, srcs)
+    planned = _native.planned_op()
+    if defer_if_grad and (planned is None or verify) and torch.is_grad_enabled() and any(
+        t.requires_grad for t in (*dsts, *srcs)
+    ):
+        return False
     start = time.perf_counter()
+    # Version counters: one bump per listed destination, as stock's in-place op makes, even inside
+    # inference_mode (inference tensors have no counter: increment_version skips them).
+    if planned is None or verify:
+        counts, reasons, bumped = (
+            _python_path(dsts, srcs, non_blocking, op, strict, verify, bump) if planned is None
+            else _native_verify(planned, dsts, srcs, non_blocking, op, strict)
+        )
+        if bump and not bumped:
+            torch.autograd.graph.increment_version(dsts)
+    else:
+        # One C++ call: plan, copies (below ADInplaceOrView) and the version bumps.
+        _local.depth = getattr(_local, "depth", 0) + 1
+        try:
+            v = planned(dsts, srcs, non_blocking, strict, bump, defer_if_grad)
+        finally:
+            _local.depth -= 1
+        flags, counts, reasons = decode_counts(v)
+        if flags & DEFERRED:
+            return False
+        if flags & BLOCKED:
+            raise _strict_error(op, native_plan(dsts, srcs))
+    stats.record_counts(op, counts, reasons, time.perf_counter() - start)
+    return True
+
+
+def _strict_error(op: str, p: _plan.Plan) -> FastCopyFallbackError:
+    why = p.stock_reason[1] if p.stock_reason else "; ".join(p.reasons[i][1] for i in p.fallback)
+    return FastCopyFallbackError(f"npu_dispatch strict: {op} falls back: {why}")
+
+
+def _reasons(p: _plan.Plan) -> dict:
+    reasons: dict[str, int] = {}
+    if p.stock_reason is not None:
+        reasons[p.stock_reason[0]] = 1
+    for i in p.fallback:
+        kind = p.reasons[i][0]
+        reasons[kind] = reasons.get(kind, 0) + 1
+    return reasons
+
+
+def _python_path(dsts, srcs, non_blocking, op, strict, verify, bump) -> tuple[dict, dict, bool]:
     p = _plan.build_plan(dsts, srcs)
     if strict and (p.stock_reason is not None or p.fallback):
-        why = p.stock_reason[1] if p.stock_reason else "; ".join(p.reasons[i][1] for i in p.fallback)
-        raise FastCopyFallbackError(f"npu_dispatch strict: {op} falls back: {why}")
+        raise _strict_error(op, p)
     counts: dict = {}
 
     def run() -> None:
         nonlocal counts
-        counts = _execute(p, dsts, srcs, non_blocking)
+        counts = _execute(p, dsts, srcs, non_blocking, bump)
 
     # Below ADInplaceOrView, the copies issued here bump no version counter; the one bump per
-    # listed destination that stock's in-place kernel makes is done once, below.
+    # listed destination that stock's in-place kernel makes is done once, by foreach_copy.
     with _inside(), torch._C._AutoDispatchBelowADInplaceOrView():
         if verify and p.stock_reason is None:
             _verify(p, dsts, srcs, non_blocking, run)
         else:
             run()
-    if bump and not torch.is_inference_mode_enabled():
-        torch.autograd.graph.increment_version(dsts)
-    stats.record(op, p, counts, time.perf_counter() - start)
+    return counts, _reasons(p), p.stock_reason is not None
+
+
+def _native_verify(planned, dsts, srcs, non_blocking, op, strict) -> tuple[dict, dict]:
+    # Debugging aid: plan first (O(n) Python) to know whether stock runs the whole call.
+    p = native_plan(dsts, srcs)
+    if strict and (p.stock_reason is not None or p.fallback):
+        raise _strict_error(op, p)
+    v = None
+
+    def run() -> None:
+        nonlocal v
+        v = planned(dsts, srcs, non_blocking, False, False)
+
+    with _inside(), torch._C._AutoDispatchBelowADInplaceOrView():
+        if p.stock_reason is None:
+            _verify(p, dsts, srcs, non_blocking, run)
+        else:
+            run()
+    _, counts, reasons = decode_counts(v)
+    return counts, reasons, False
 
 
 def all_gather_copy_in(

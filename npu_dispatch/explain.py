@@ -5,6 +5,8 @@ from typing import Sequence
 
 import torch
 
+from . import _native
+from ._native_plan import native_plan
 from .plan import Plan, build_plan, check_lists
 
 __all__ = ["explain"]
@@ -22,4 +24,8 @@ def explain(self: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> Plan:
     """
     self, src = list(self), list(src)
     check_lists(self, src)
+    # The planner that will run: the C++ one when the native library loads (it takes tensors
+    # only; plan.py names the non-tensor).
+    if _native.planned_op() is not None and all(isinstance(t, torch.Tensor) for t in self + src):
+        return native_plan(self, src)
     return build_plan(self, src)

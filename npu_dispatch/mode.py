@@ -8,7 +8,7 @@ import importlib
 import logging
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 
 from . import engine
 from .stats import CopyStats
@@ -31,13 +31,20 @@ def _foreach_copy_(mode, op, args, kwargs):
 
 def _foreach_copy(mode, op, args, kwargs):
     # Functional variant (what functionalization emits): stock's outputs keep each destination's
-    # sizes and strides, and every element is overwritten, so empty_strided suffices.
+    # sizes and strides (contiguous where those overlap themselves, as clone does), and every
+    # element is overwritten, so an uninitialised allocation suffices.
     dsts, srcs = args[0], args[1]
     non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
-    outs = [torch.empty_strided(d.shape, d.stride(), dtype=d.dtype, device=d.device) for d in dsts]
+    outs = [_like(d) for d in dsts]
     engine.foreach_copy(outs, srcs, non_blocking, stats=mode.stats, op=op,
                         strict=mode.strict, verify=mode.verify, bump=False)
     return outs
+
+
+def _like(d: torch.Tensor) -> torch.Tensor:
+    if d.is_contiguous() or torch._debug_has_internal_overlap(d) != 1:
+        return torch.empty_strided(d.shape, d.stride(), dtype=d.dtype, device=d.device)
+    return torch.empty(d.shape, dtype=d.dtype, device=d.device)
 
 
 def _all_gather_copy_in(mode, op, args, kwargs):
@@ -68,7 +75,16 @@ def _fsdp_op():
     return op, None
 
 
-def _handlers() -> tuple[dict, dict, dict]:
+# Filled on the first NpuFastCopyMode(): finding the FSDP op imports FSDP, which costs ~1 s, and
+# `import npu_dispatch` should not pay that.
+_HANDLERS: dict = {}
+_PASSTHROUGH: dict = {}
+_NAMES: dict = {}
+
+
+def _install_handlers() -> None:
+    if _HANDLERS:
+        return
     from . import ops  # noqa: F401  registers npu_dispatch::
 
     handlers = {
@@ -84,11 +100,9 @@ def _handlers() -> tuple[dict, dict, dict]:
     elif fsdp is not None:
         log.warning("npu_dispatch: passing fsdp.all_gather_copy_in through to stock: %s", why)
         passthrough[fsdp] = why
-    names = {op: f"{op.namespace}.{op._opname}" for op in list(handlers) + list(passthrough)}
-    return handlers, passthrough, names
-
-
-_HANDLERS, _PASSTHROUGH, _NAMES = _handlers()
+    _NAMES.update({op: f"{op.namespace}.{op._opname}" for op in list(handlers) + list(passthrough)})
+    _PASSTHROUGH.update(passthrough)
+    _HANDLERS.update(handlers)  # last: a non-empty _HANDLERS means all three are ready
 
 
 class NpuFastCopyMode(TorchDispatchMode):
@@ -113,6 +127,7 @@ class NpuFastCopyMode(TorchDispatchMode):
 
     def __init__(self, strict: bool = False, verify: bool = False) -> None:
         super().__init__()
+        _install_handlers()
         self.strict = strict
         self.verify = verify
         self.stats = CopyStats()
@@ -131,7 +146,12 @@ class NpuFastCopyMode(TorchDispatchMode):
             # A stock call issued by the engine of a mode nested inside this one.
             return func(*args, **(kwargs or {}))
         if types and any(t is not torch.Tensor for t in types):
-            # Let the subclass unwrap itself; its inner plain-tensor copy comes back here.
+            if all(t is torch.Tensor or is_traceable_wrapper_subclass_type(t) for t in types):
+                # A wrapper subclass (DTensor, TwoTensor...) unwraps itself; the plain-tensor
+                # copies it issues come back to this mode.
+                self.stats.record_passthrough(_NAMES[func], "subclass")
+                return NotImplemented
+            # FakeTensor and other non-wrapper subclasses: their own semantics, untouched.
             self.stats.record_passthrough(_NAMES[func], "subclass")
-            return NotImplemented
+            return func(*args, **(kwargs or {}))
         return handler(self, _NAMES[func], args, kwargs or {})

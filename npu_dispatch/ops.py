@@ -12,8 +12,8 @@ from typing import Sequence
 
 import torch
 
-from . import engine
-from .stats import global_stats
+from . import _native, engine
+from . import stats as _stats
 
 __all__ = ["foreach_copy_", "all_gather_copy_in"]
 
@@ -26,20 +26,36 @@ _lib.define(
 
 
 def _foreach_copy_kernel(self: list[torch.Tensor], src: list[torch.Tensor], non_blocking: bool = False) -> None:
-    engine.foreach_copy(self, src, non_blocking, stats=global_stats(), op="npu_dispatch.foreach_copy_")
+    # The counters object itself: global_stats() would first drain the C++ kernels' counters.
+    engine.foreach_copy(self, src, non_blocking, stats=_stats._GLOBAL, op="npu_dispatch.foreach_copy_")
 
 
 def _all_gather_copy_in_kernel(all_gather_inputs, all_gather_output, inp_split_sizes, all_gather_input_numel, rank):
     return engine.all_gather_copy_in(
         all_gather_inputs, all_gather_output, inp_split_sizes, all_gather_input_numel, rank,
-        stats=global_stats(), op="npu_dispatch.all_gather_copy_in",
+        stats=_stats._GLOBAL, op="npu_dispatch.all_gather_copy_in",
     )
 
 
 # CompositeExplicitAutograd serves every backend (CPU, CUDA, PrivateUse1 = npu) with one kernel;
-# the planner picks per device inside.
+# the planner picks per device inside. Once the native library loads, its C++ kernels take the
+# CPU, CUDA and PrivateUse1 keys (csrc/register.cpp); these stay for the rest (meta...) and for
+# machines without a compiler.
 _lib.impl("foreach_copy_", _foreach_copy_kernel, "CompositeExplicitAutograd")
 _lib.impl("all_gather_copy_in", _all_gather_copy_in_kernel, "CompositeExplicitAutograd")
+
+
+def _foreach_copy_autograd(self, src, non_blocking=False) -> None:
+    # Gradients flow as through stock: when any tensor requires grad, the stock op records the
+    # graph (and raises stock's errors, e.g. for an in-place write into a leaf that requires grad).
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (*self, *src)):
+        torch.ops.aten._foreach_copy_.default(self, src, non_blocking)
+        return
+    with torch._C._AutoDispatchBelowAutograd():
+        torch.ops.npu_dispatch.foreach_copy_.default(self, src, non_blocking)
+
+
+_lib.impl("foreach_copy_", _foreach_copy_autograd, "Autograd")
 
 
 @torch.library.register_fake("npu_dispatch::foreach_copy_")
@@ -56,6 +72,20 @@ def _foreach_copy_fake(self, src, non_blocking=False):
 def _all_gather_copy_in_fake(all_gather_inputs, all_gather_output, inp_split_sizes, all_gather_input_numel, rank):
     all_gather_input = all_gather_output.narrow(0, all_gather_input_numel * rank, all_gather_input_numel)
     return all_gather_input, all_gather_output
+
+
+def _plain_call() -> bool:
+    """No mode and no compiler would see the op: the engine may be called without the dispatcher.
+
+    A ``torch.ops`` call boxes every tensor of the lists (a refcount round trip each); the engine's
+    native entry reads them as they are. Modes and compilers must keep seeing the op itself.
+    """
+    return (
+        torch._C._len_torch_dispatch_stack() == 0
+        and not torch._C._is_torch_function_mode_enabled()
+        and not torch.compiler.is_compiling()
+        and _native.planned_op() is not None
+    )
 
 
 def foreach_copy_(
@@ -78,8 +108,11 @@ def foreach_copy_(
     Raises:
         RuntimeError: as stock (empty lists, unequal lengths, shapes that do not broadcast...).
     """
-    self = list(self)
-    torch.ops.npu_dispatch.foreach_copy_.default(self, list(src), non_blocking)
+    self, src = list(self), list(src)
+    if not (_plain_call() and engine.foreach_copy(
+        self, src, non_blocking, stats=_stats._GLOBAL, op="npu_dispatch.foreach_copy_", defer_if_grad=True
+    )):
+        torch.ops.npu_dispatch.foreach_copy_.default(self, src, non_blocking)
     return self
 
 
@@ -106,6 +139,7 @@ def all_gather_copy_in(
     Raises:
         RuntimeError / IndexError: as stock ``narrow`` / ``split`` / ``_foreach_copy_``.
     """
-    return torch.ops.npu_dispatch.all_gather_copy_in.default(
-        list(all_gather_inputs), all_gather_output, list(inp_split_sizes), all_gather_input_numel, rank
-    )
+    args = (list(all_gather_inputs), all_gather_output, list(inp_split_sizes), all_gather_input_numel, rank)
+    if _plain_call():
+        return _all_gather_copy_in_kernel(*args)
+    return torch.ops.npu_dispatch.all_gather_copy_in.default(*args)

@@ -8,15 +8,17 @@ Paths, in the order the executor issues them:
 - ``fallback``: pairs off the fast route (broadcast, other device, strides, dtype pair not in the
   capability table...): stock ``_foreach_copy_`` on just those pairs, with the caller's
   ``non_blocking``.
-- ``stock``: the whole call goes to the stock op unchanged. Chosen when reordering could change
-  the result (a destination overlaps another tensor of the call) or when stock could raise midway
-  (so the same pairs are written before the same error), and for tensor subclasses and meta.
+- ``stock``: the whole call keeps stock's semantics. When reordering could change the result (a
+  destination overlaps another tensor of the call) or stock could raise midway, it runs as stock's
+  CPU kernel does, a sequential ``copy_`` loop bumping each destination as it goes, so the same
+  pairs are written (and bumped) before the same error; tensor subclasses, wrapper and meta
+  tensors and other layouts go to the stock op itself.
 - ``empty``: zero-element pairs; stock ``copy_`` does nothing for them either.
 
 Fast-route rules mirror ATen ``can_use_fast_route`` (``aten/src/ATen/native/ForeachUtils.h``):
 same device, strided, non-overlapping and dense, equal sizes, equal strides except on size-1 dims.
-Because no destination overlaps any other tensor of the call and no pair can raise, the order in
-which paths run cannot change a single bit of the result.
+Because no destination overlaps any other tensor of the call, and a call with a pair that may
+raise stays whole on stock, the order in which paths run cannot change a single bit of the result.
 """
 from __future__ import annotations
 
@@ -31,6 +33,20 @@ __all__ = ["Plan", "Run", "Group", "build_plan", "check_lists"]
 
 _Tensor = torch.Tensor
 _strided = torch.strided
+
+# Python types planned as plain tensors: a Parameter is a Tensor with no dispatch of its own.
+PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+# Dtypes whose copy_ never raises between each other. Others (quantized, bits, float8, uint16+,
+# complex32...) can raise for some pairs, after stock wrote the pairs before: whole call to stock.
+_COPY_DTYPES = capabilities.COPY_DTYPES
+
+
+def _odd_dtype_text(i: int, sdt: torch.dtype, ddt: torch.dtype) -> str:
+    return (
+        f"pair {i} copies {_dt(sdt)}->{_dt(ddt)}: stock copy_ may raise for that dtype, "
+        "after writing the pairs before it"
+    )
 
 
 def check_lists(dsts: Sequence, srcs: Sequence) -> None:
@@ -216,17 +232,22 @@ def build_plan(
 
     for i in range(n):
         d, s = dsts[i], srcs[i]
-        if type(d) is not _Tensor or type(s) is not _Tensor:
-            bad, who = (d, "dst") if type(d) is not _Tensor else (s, "src")
+        if type(d) not in PLAIN_TYPES or type(s) not in PLAIN_TYPES:
+            bad, who = (d, "dst") if type(d) not in PLAIN_TYPES else (s, "src")
             if not isinstance(bad, _Tensor):
                 return stock("not_tensor", f"{who}[{i}] is a {type(bad).__name__}, not a Tensor")
             return stock("subclass", f"{who}[{i}] is a tensor subclass ({type(bad).__name__})")
+        if d.is_nested or s.is_nested:
+            who = "dst" if d.is_nested else "src"
+            return stock("subclass", f"{who}[{i}] is a wrapper tensor (functional, batched, zero or nested)")
         if d.layout is not _strided or s.layout is not _strided:
             lay = d.layout if d.layout is not _strided else s.layout
             return stock("layout", f"pair {i} has layout {lay}")
         dd, sd = d.device, s.device
         if dd.type == "meta" or sd.type == "meta":
             return stock("meta", f"pair {i} has a meta tensor")
+        if d.dtype not in _COPY_DTYPES or s.dtype not in _COPY_DTYPES:
+            return stock("may_raise", _odd_dtype_text(i, s.dtype, d.dtype))
         dshape = d.shape
         if dshape != s.shape:
             try:

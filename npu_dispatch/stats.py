@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .plan import Plan
 
-__all__ = ["CopyStats", "PATHS", "global_stats"]
+__all__ = ["CopyStats", "PATHS", "global_stats", "add_drain"]
 
 # Order of rows in reports; "stock" is a whole call passed to the stock op.
 PATHS = ("coalesced", "foreach", "fallback", "stock", "empty")
@@ -44,6 +44,16 @@ class CopyStats:
 
     def record(self, op: str, plan: "Plan", counts: dict, seconds: float) -> None:
         """Add one executed call. ``counts`` maps path -> (tensors, bytes, launches)."""
+        reasons: collections.Counter = collections.Counter()
+        if plan.stock_reason is not None:
+            reasons[plan.stock_reason[0]] += 1
+        for i in plan.fallback:
+            reasons[plan.reasons[i][0]] += 1
+        self.record_counts(op, counts, reasons, seconds)
+
+    def record_counts(self, op: str, counts: dict, reasons: dict, seconds: float) -> None:
+        """``record`` without a plan: ``reasons`` maps reason kind -> fallback pairs (a whole
+        stock call counts once). What the native path reports, in O(1)."""
         with self._lock:
             self.op_calls[op] += 1
             self.seconds[op] += seconds
@@ -56,10 +66,25 @@ class CopyStats:
                 self.fast_calls[op] += 1
             if "fallback" in counts or "stock" in counts:
                 self.fallback_calls[op] += 1
-            if plan.stock_reason is not None:
-                self.fallback_reasons[plan.stock_reason[0]] += 1
-            for i in plan.fallback:
-                self.fallback_reasons[plan.reasons[i][0]] += 1
+            self.fallback_reasons.update(reasons)
+
+    def add_op_totals(self, op: str, calls: int, fast_calls: int, fallback_calls: int, seconds: float) -> None:
+        """Fold in per-op totals counted elsewhere (the C++ kernels of the direct ops)."""
+        with self._lock:
+            self.op_calls[op] += calls
+            self.fast_calls[op] += fast_calls
+            self.fallback_calls[op] += fallback_calls
+            self.seconds[op] += seconds
+
+    def add_path_totals(self, paths: dict, reasons: dict) -> None:
+        """Fold in per-path totals: path -> (calls, tensors, bytes, launches), and reasons."""
+        with self._lock:
+            for path, (calls, tensors, nbytes, launches) in paths.items():
+                self.calls[path] += calls
+                self.tensors[path] += tensors
+                self.bytes[path] += nbytes
+                self.launches[path] += launches
+            self.fallback_reasons.update(reasons)
 
     def record_passthrough(self, op: str, kind: str) -> None:
         """A call handed to the stock op before planning (subclass, unsupported schema...)."""
@@ -130,8 +155,18 @@ def _table(header: list[str], rows: list[list]) -> str:
 
 
 _GLOBAL = CopyStats()
+# Counters kept outside Python (the native kernels of the direct ops), folded in when read.
+_drains: list = []
+
+
+def add_drain(fn) -> None:
+    """Register ``fn(stats)``, called by ``global_stats()`` to fold in counters kept elsewhere."""
+    if fn not in _drains:
+        _drains.append(fn)
 
 
 def global_stats() -> CopyStats:
     """Counters of the direct ops (``npu_dispatch.foreach_copy_`` ...) called outside any mode."""
+    for drain in _drains:
+        drain(_GLOBAL)
     return _GLOBAL

@@ -198,12 +198,13 @@ def test_strict_raises_naming_the_reason_before_writing():
 
 
 def test_verify_raises_on_a_bitwise_difference(monkeypatch):
-    from npu_dispatch import engine
+    from npu_dispatch import _native, engine
 
+    monkeypatch.setattr(_native, "planned_op", lambda: None)  # the Python executor, patched below
     real = engine._execute
 
-    def corrupt(p, dsts, srcs, nb):
-        counts = real(p, dsts, srcs, nb)
+    def corrupt(p, dsts, srcs, nb, *rest):
+        counts = real(p, dsts, srcs, nb, *rest)
         dsts[0].view(torch.int32)[0] ^= 1
         return counts
 
@@ -323,3 +324,135 @@ def test_upstream_foreach_bug_classes(name, how):
     case = UPSTREAM_BUG_CLASSES[name]
     ours = mode_copy if how == "mode" else nd.foreach_copy_
     assert_same(run(case, stock_copy), run(case, ours))
+
+
+# ---- parity corner cases (each was a defect once) -----------------------------------------------
+
+
+def _both(make, call=None):
+    """Run ``make()`` twice: stock, then under the mode; return (stock, ours) as (error, dsts, versions)."""
+    call = call or (lambda d, s: torch._foreach_copy_(d, s))
+    out = []
+    for use_mode in (False, True):
+        d, s = make()
+        try:
+            if use_mode:
+                with nd.NpuFastCopyMode():
+                    call(d, s)
+            else:
+                call(d, s)
+            err = None
+        except Exception as e:
+            err = (type(e), str(e))
+        out.append((err, [bits(t) for t in d], [t._version for t in d]))
+    return out
+
+
+def _assert_parity(stock, ours):
+    assert ours[0] == stock[0]
+    assert all(torch.equal(a, b) for a, b in zip(stock[1], ours[1]))
+    assert ours[2] == stock[2]
+
+
+def test_versions_on_error_paths_match_stock():
+    # Stock's loop bumps each pair it wrote before it raised.
+    _assert_parity(*_both(lambda: ([torch.zeros(2), torch.zeros(3), torch.zeros(2)], [torch.ones(2)] * 3)))
+
+
+def test_versions_under_inference_mode_match_stock():
+    def make():
+        return [torch.zeros(2), torch.zeros(2)], [torch.ones(2), torch.ones(2)]
+
+    def call(d, s):
+        with torch.inference_mode():
+            torch._foreach_copy_(d, s)
+
+    _assert_parity(*_both(make, call))
+
+
+def test_pair_that_raises_midway_stops_the_writes_like_stock():
+    q = torch.quantize_per_tensor(torch.ones(4), 0.1, 0, torch.qint8)
+    _assert_parity(*_both(lambda: ([torch.zeros(4), torch.zeros(4), torch.zeros(4)], [torch.ones(4), q, torch.full((4,), 2.0)])))
+
+
+def test_fake_tensor_mode_below_or_above_works_like_stock():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        d, s = [torch.empty(3)], [torch.ones(3)]
+        with nd.NpuFastCopyMode():
+            torch._foreach_copy_(d, s)
+    with nd.NpuFastCopyMode():
+        with FakeTensorMode():
+            d, s = [torch.empty(3)], [torch.ones(3)]
+            torch._foreach_copy_(d, s)
+            assert d[0].shape == (3,)
+
+
+def test_functional_copy_into_expanded_destination_matches_stock():
+    stock = torch.ops.aten._foreach_copy.default([torch.zeros(1).expand(3)], [torch.arange(3.0)])
+    with nd.NpuFastCopyMode():
+        ours = torch.ops.aten._foreach_copy.default([torch.zeros(1).expand(3)], [torch.arange(3.0)])
+    assert torch.equal(ours[0], stock[0]) and ours[0].stride() == stock[0].stride()
+
+
+def test_parameters_take_the_fast_path():
+    params = [torch.nn.Parameter(torch.zeros(4), requires_grad=False) for _ in range(3)]
+    mode = nd.NpuFastCopyMode(strict=True)
+    with mode:
+        torch._foreach_copy_(params, [torch.ones(4)] * 3)
+    assert all(torch.equal(p, torch.ones(4)) for p in params)
+    assert mode.stats.fast_calls["aten._foreach_copy_"] == 1
+
+
+def test_nested_tensors_raise_like_stock():
+    nt = lambda: torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)])  # noqa: E731
+    _assert_parity(*_nested_errors(nt))
+
+
+def _nested_errors(nt):
+    out = []
+    for use_mode in (False, True):
+        d, s = [nt()], [nt()]
+        try:
+            if use_mode:
+                with nd.NpuFastCopyMode():
+                    torch._foreach_copy_(d, s)
+            else:
+                torch._foreach_copy_(d, s)
+            err = None
+        except Exception as e:
+            err = (type(e), str(e))
+        out.append((err, [], []))
+    return out
+
+
+def test_cpu_cross_dtype_nan_payloads_match_stock_in_adjacent_runs():
+    # Every 16-bit pattern (all fp16 / bf16 NaN payloads among them) through adjacent short pairs:
+    # stock's CPU result for a NaN can depend on where a copy ends, so runs must not change it.
+    pats = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
+    for sdt, ddt in [(torch.float16, f32), (bf16, f32), (f32, bf16), (torch.float64, bf16), (f32, torch.float16)]:
+        if sdt.itemsize == 2:
+            src = pats.view(sdt)
+        else:
+            src = torch.randint(-(2**31), 2**31 - 1, (65536 * sdt.itemsize // 4,), dtype=torch.int32,
+                                generator=torch.Generator().manual_seed(0)).view(sdt)
+            src[::7] = float("nan")
+            src.view(torch.int32 if sdt.itemsize == 4 else torch.int64)[1::7] |= 0x7F800001 if sdt.itemsize == 4 else 0x7FF0000000000001
+        for piece in (1, 3, 9, 17):
+            n = src.numel() // piece * piece
+            d0 = torch.zeros(n, dtype=ddt)
+            d1 = torch.zeros(n, dtype=ddt)
+            torch._foreach_copy_(list(d0.split(piece)), list(src[:n].split(piece)))
+            with nd.NpuFastCopyMode():
+                torch._foreach_copy_(list(d1.split(piece)), list(src[:n].split(piece)))
+            assert torch.equal(bits(d0), bits(d1)), (sdt, ddt, piece)
+
+
+def test_cpu_zero_dim_cross_dtype_nan_matches_stock():
+    def make():
+        buf = torch.zeros(4, dtype=bf16)
+        src = torch.full((4,), float("nan"))
+        return [buf[k] for k in range(4)], [src[k] for k in range(4)]
+
+    _assert_parity(*_both(make))

@@ -121,6 +121,13 @@ def test_npu_before_cann_9_1_casts_only_in_coalesced_runs():
         assert nd.explain(dst, src).launches == 1  # one flat cast still beats N launches
 
 
+@pytest.mark.parametrize("cann, cross_ok", [("9.0.0", False), ("9.1.RC1", False), ("9.1.0", True), ("10.0.RC2", True)])
+def test_npu_cross_dtype_needs_the_cann_9_1_release(cann, cross_ok):
+    with override({"cpu": npu_capability(cann)}):
+        dst, src = _fsdp_cast(3)
+        assert (nd.explain(dst, src).fallback == []) is cross_ok
+
+
 def test_npu_cann_9_1_cross_dtype_groups_split_by_48():
     with override({"cpu": npu_capability("9.1.0")}):
         dst, src = _fsdp_cast(100)
@@ -131,7 +138,7 @@ def test_npu_cann_9_1_cross_dtype_groups_split_by_48():
         assert p.reasons[0][1] == "dtype pair float64->bfloat16 not supported by the npu fast path"
 
 
-@pytest.mark.parametrize("cann, int64_ok", [("8.0.RC3", False), ("8.1.RC1", True), (None, False)])
+@pytest.mark.parametrize("cann, int64_ok", [("8.0.RC3", False), ("8.1.RC1", True), ("8.1.0", True), (None, False)])
 def test_npu_int64_needs_cann_8_1(cann, int64_ok):
     with override({"cpu": npu_capability(cann)}):
         p = nd.explain([torch.empty(3, dtype=torch.int64), torch.empty(3, dtype=torch.int64)],

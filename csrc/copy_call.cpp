@@ -1,0 +1,53 @@
+#include "copy_call.h"
+
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <c10/core/GradMode.h>
+
+#include "capability_table.h"
+#include "execute.h"
+#include "plan.h"
+
+namespace npu_dispatch {
+
+namespace {
+
+bool any_requires_grad(at::TensorList ts) {
+  for (const auto& t : ts) {
+    if (t.requires_grad()) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::vector<int64_t> plan_and_run(at::TensorList dsts, at::TensorList srcs, bool non_blocking,
+                                  bool strict, bool bump, bool defer_if_grad) {
+  check_lists(dsts, srcs);
+  if (defer_if_grad && c10::GradMode::is_enabled() &&
+      (any_requires_grad(dsts) || any_requires_grad(srcs))) {
+    std::vector<int64_t> deferred(kCountsLen, 0);
+    deferred[0] = kDeferred;
+    return deferred;
+  }
+  std::vector<int64_t> counts;
+  {
+    at::AutoDispatchBelowADInplaceOrView below;
+    const auto caps = current_capabilities();
+    counts = execute(build_plan(dsts, srcs, *caps), dsts, srcs, non_blocking, strict, bump);
+  }
+  // Inference tensors have no version counter; torch.autograd.graph.increment_version skips
+  // them the same way. Other tensors move even inside inference_mode, as with stock.
+  if (bump && (counts[0] & kExecuted) && !(counts[0] & kBumped)) {
+    for (const auto& t : dsts) {
+      if (!t.is_inference()) t.unsafeGetTensorImpl()->bump_version();
+    }
+  }
+  return counts;
+}
+
+std::vector<int64_t> plan_encoded(at::TensorList dsts, at::TensorList srcs) {
+  check_lists(dsts, srcs);
+  return encode_plan(build_plan(dsts, srcs, *current_capabilities()));
+}
+
+}  // namespace npu_dispatch

@@ -1,0 +1,51 @@
+// The CPU executor: every pair it accepts becomes an entry of one flat work list, copied in one
+// pass split across threads. Pairs it cannot reproduce bit for bit are refused (stock takes them).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace npu_dispatch {
+
+enum class CopyOp : uint8_t { Memcpy, F32ToBF16, BF16ToF32, F32ToF16, F16ToF32, Count };
+
+struct WorkItem {
+  char* dst;
+  const char* src;
+  int64_t n;  // elements (bytes for Memcpy)
+  int64_t exact_len;  // F16ToF32 under FBGEMM: elements past this take FBGEMM's scalar tail
+  CopyOp op;
+};
+
+struct KernelConfig;
+
+class CpuCopyBatch {
+ public:
+  // Uses the configuration the self-check published (none yet: only same-dtype byte copies).
+  CpuCopyBatch();
+  explicit CpuCopyBatch(const KernelConfig* config) : config_(config) {}
+
+  // A fast-route pair (dense, equal strides, no conj/neg bit, non-empty).
+  bool add_pair(const at::Tensor& dst, const at::Tensor& src);
+  // A coalesced run of contiguous pairs, as one entry where the conversion is position-free.
+  bool add_run(at::TensorList dsts, at::TensorList srcs, const int64_t* members, int64_t count,
+               int64_t numel);
+  void run();
+  bool empty() const { return items_.empty(); }
+
+ private:
+  const KernelConfig* config_;
+  std::vector<WorkItem> items_;
+};
+
+// Checks every conversion against stock copy_ on this machine and enables only the exact ones.
+// Returns one flag per CopyOp (1 enabled) followed by the variant used (0 none, 1 DEFAULT,
+// 2 AVX2, 3 AVX512) and whether FBGEMM's split is emulated, per conversion.
+std::vector<int64_t> self_check();
+
+// passes, items, bytes: only this kernel moves them (tests use it to see the C++ path ran).
+std::vector<int64_t> kernel_counters();
+
+}  // namespace npu_dispatch

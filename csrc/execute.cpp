@@ -1,0 +1,168 @@
+#include "execute.h"
+
+#include <ATen/ops/_foreach_copy.h>
+#include <ATen/ops/as_strided.h>
+#include <ATen/ops/copy.h>
+#include <ATen/record_function.h>
+
+#include "borrowed.h"
+#include "cpu_copy_kernel.h"
+
+namespace npu_dispatch {
+namespace {
+
+int64_t dst_bytes(const at::Tensor& t) {
+  return t.numel() * static_cast<int64_t>(t.element_size());
+}
+
+void add(std::vector<int64_t>& v, Path p, int64_t tensors, int64_t bytes, int64_t launches) {
+  v[path_slot(p, 0)] += tensors;
+  v[path_slot(p, 1)] += bytes;
+  v[path_slot(p, 2)] += launches;
+}
+
+// Profiler ranges carry the Python executor's names; RECORD_FUNCTION is free with no profiler.
+class Executor {
+ public:
+  Executor(const Plan& p, at::TensorList dsts, at::TensorList srcs, bool non_blocking,
+           std::vector<int64_t>& v)
+      : p_(p), dsts_(dsts), srcs_(srcs), non_blocking_(non_blocking), v_(v) {}
+
+  // Aliasing or a pair that may raise: stock's CPU kernel, a sequential copy_ loop, bumping each
+  // destination as it goes, so an error leaves the same pairs written and bumped as stock does.
+  // Subclasses, wrapper and meta tensors, other layouts: the stock op itself.
+  void stock(bool bump) {
+    RECORD_FUNCTION("npu_dispatch::stock", std::vector<c10::IValue>());
+    if (p_.stock == Kind::Aliasing || p_.stock == Kind::MayRaise) {
+      for (size_t i = 0; i < dsts_.size(); ++i) {
+        auto d = dsts_[i];
+        d.copy_(srcs_[i], non_blocking_);
+        if (bump && !d.is_inference()) d.unsafeGetTensorImpl()->bump_version();
+      }
+    } else {
+      at::_foreach_copy_(dsts_, srcs_, non_blocking_);
+      if (bump) {
+        for (const auto& d : dsts_) {
+          if (!d.is_inference()) d.unsafeGetTensorImpl()->bump_version();
+        }
+      }
+    }
+    int64_t bytes = 0;
+    for (const auto& d : dsts_) bytes += dst_bytes(d);
+    add(v_, kStock, p_.n, bytes, p_.n);
+    v_[reason_slot(p_.stock)] += 1;
+    for (const auto& f : p_.fallback) v_[reason_slot(f.kind)] += 1;  // as CopyStats.record counts
+  }
+
+  void runs() {
+    RECORD_FUNCTION("npu_dispatch::coalesced", std::vector<c10::IValue>());
+    for (const auto& r : p_.runs) {
+      const int64_t* members = p_.run_members.data() + r.begin;
+      const int64_t count = r.end - r.begin;
+      const auto& d0 = dsts_[members[0]];
+      if (!d0.is_cpu()) {
+        // One flat copy over the run: the same elementwise conversion stock applies per pair.
+        const auto& s0 = srcs_[members[0]];
+        auto flat_d = d0.as_strided({r.numel}, {1}, d0.storage_offset());
+        flat_d.copy_(s0.as_strided({r.numel}, {1}, s0.storage_offset()), non_blocking_);
+      } else if (!batch_.add_run(dsts_, srcs_, members, count, r.numel)) {
+        // Not one of the kernel's conversions: stock pair by pair keeps its exact bits, where a
+        // flat copy_ might not (FBGEMM's fp16 tails depend on where each copy ends).
+        stock_pairs(members, count);
+      }
+      add(v_, kCoalesced, count, r.numel * static_cast<int64_t>(d0.element_size()), 1);
+    }
+  }
+
+  void groups() {
+    RECORD_FUNCTION("npu_dispatch::foreach", std::vector<c10::IValue>());
+    for (const auto& g : p_.groups) {
+      const int64_t* members = p_.group_members.data() + g.begin;
+      const int64_t count = g.end - g.begin;
+      int64_t bytes = 0;
+      for (int64_t k = 0; k < count; ++k) bytes += dst_bytes(dsts_[members[k]]);
+      add(v_, kForeach, count, bytes, g.launches);
+      if (!dsts_[members[0]].is_cpu()) {
+        // The device's own batched kernel (CUDA multi_tensor_apply, op-plugin aclnnForeachCopy).
+        stock_pairs(members, count);
+        continue;
+      }
+      sub_d_.clear();
+      sub_s_.clear();
+      for (int64_t k = 0; k < count; ++k) {
+        if (!batch_.add_pair(dsts_[members[k]], srcs_[members[k]])) {
+          sub_d_.push_back(dsts_[members[k]]);
+          sub_s_.push_back(srcs_[members[k]]);
+        }
+      }
+      if (!sub_d_.empty()) at::_foreach_copy_(sub_d_, sub_s_, non_blocking_);
+    }
+  }
+
+  // The CPU runs and groups of the call, in one pass.
+  void cpu_kernel() {
+    if (batch_.empty()) return;
+    RECORD_FUNCTION("npu_dispatch::cpu_kernel", std::vector<c10::IValue>());
+    batch_.run();
+  }
+
+  // Pair by pair, as stock's per-tensor path: a sub-list handed to the device's _foreach_copy_
+  // could take a route the full list would not (op-plugin's batched H2D memcpy of a now
+  // uniform list copies raw bytes and ignores strides).
+  void fallback() {
+    RECORD_FUNCTION("npu_dispatch::fallback", std::vector<c10::IValue>());
+    int64_t bytes = 0;
+    for (const auto& f : p_.fallback) {
+      auto d = dsts_[f.index];
+      d.copy_(srcs_[f.index], non_blocking_);
+      bytes += dst_bytes(d);
+      v_[reason_slot(f.kind)] += 1;
+    }
+    add(v_, kFallback, static_cast<int64_t>(p_.fallback.size()), bytes, p_.fallback_launches);
+  }
+
+ private:
+  // Sub-lists borrow: the caller's lists hold the references for the whole call.
+  void stock_pairs(const int64_t* members, int64_t count) {
+    sub_d_.clear();
+    sub_s_.clear();
+    for (int64_t k = 0; k < count; ++k) {
+      sub_d_.push_back(dsts_[members[k]]);
+      sub_s_.push_back(srcs_[members[k]]);
+    }
+    at::_foreach_copy_(sub_d_, sub_s_, non_blocking_);
+  }
+
+  const Plan& p_;
+  at::TensorList dsts_, srcs_;
+  bool non_blocking_;
+  std::vector<int64_t>& v_;
+  CpuCopyBatch batch_;
+  BorrowedTensors sub_d_, sub_s_;
+};
+
+}  // namespace
+
+std::vector<int64_t> execute(const Plan& p, at::TensorList dsts, at::TensorList srcs,
+                             bool non_blocking, bool strict, bool bump) {
+  std::vector<int64_t> v(kCountsLen, 0);
+  if (strict && (p.stock != Kind::None || !p.fallback.empty())) {
+    v[0] = kBlocked;
+    return v;
+  }
+  v[0] = kExecuted;
+  Executor ex(p, dsts, srcs, non_blocking, v);
+  if (p.stock != Kind::None) {
+    ex.stock(bump);
+    v[0] |= kBumped;
+    return v;
+  }
+  if (!p.runs.empty()) ex.runs();
+  if (!p.groups.empty()) ex.groups();
+  ex.cpu_kernel();
+  if (!p.fallback.empty()) ex.fallback();
+  if (!p.empty.empty()) add(v, kEmpty, static_cast<int64_t>(p.empty.size()), 0, 0);
+  return v;
+}
+
+}  // namespace npu_dispatch

@@ -1,0 +1,31 @@
+// Runs a plan and reports what it did as the fixed-size count vector Python's stats take.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "plan.h"
+
+namespace npu_dispatch {
+
+// Count vector layout (npu_dispatch/_native_plan.py decodes it):
+//   [0] flags, then (tensors, bytes, launches) for each path in kPaths order, then one count per
+//   reason Kind (a whole-stock call counts its reason once, a fallback pair once each).
+enum Path : int { kCoalesced = 0, kForeach, kFallback, kStock, kEmpty, kNumPaths };
+constexpr int64_t kExecuted = 1;
+constexpr int64_t kBlocked = 2;  // strict: some pair would leave the fast path; nothing written
+constexpr int64_t kDeferred = 4;  // autograd must see this copy: nothing done, go through the op
+constexpr int64_t kBumped = 8;  // the executor bumped the version counters itself (stock plans)
+constexpr int kCountsLen = 1 + 3 * kNumPaths + kNumKinds;
+
+inline int path_slot(Path p, int field) { return 1 + 3 * p + field; }
+inline int reason_slot(Kind k) { return 1 + 3 * kNumPaths + static_cast<int>(k); }
+
+// ``bump``: a whole-stock plan bumps each destination's version counter as stock does (the
+// caller bumps the others once the call has succeeded).
+std::vector<int64_t> execute(const Plan& p, at::TensorList dsts, at::TensorList srcs,
+                             bool non_blocking, bool strict, bool bump);
+
+}  // namespace npu_dispatch

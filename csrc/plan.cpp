@@ -1,0 +1,492 @@
+// Mirrors npu_dispatch/plan.py step by step: same checks in the same order, so the first failing
+// pair, the reason kinds and the runs/groups come out identical (tests/test_native.py compares).
+#include <Python.h>
+
+#include "plan.h"
+
+#include <ATen/MemoryOverlap.h>
+#include <c10/core/impl/PyObjectSlot.h>
+#include <c10/util/Exception.h>
+#include <c10/util/SmallVector.h>
+
+#include <algorithm>
+#include <atomic>
+#include <string>
+#include <tuple>
+
+namespace npu_dispatch {
+namespace {
+
+// Written once at load (before any planning), read lock-free after.
+constexpr int kMaxPlainTypes = 4;
+std::atomic<intptr_t> g_plain_types[kMaxPlainTypes] = {};
+std::atomic<int> g_num_plain_types{0};
+
+bool plain_type(intptr_t type) {
+  const int n = g_num_plain_types.load(std::memory_order_acquire);
+  for (int k = 0; k < n; ++k) {
+    if (g_plain_types[k].load(std::memory_order_relaxed) == type) return true;
+  }
+  return false;
+}
+
+c10::DispatchKeySet wrapper_keys() {
+  static const c10::DispatchKeySet ks({
+      c10::DispatchKey::Python,
+      c10::DispatchKey::PythonTLSSnapshot,
+      c10::DispatchKey::Functionalize,
+      c10::DispatchKey::FuncTorchBatched,
+      c10::DispatchKey::FuncTorchGradWrapper,
+      c10::DispatchKey::BatchedNestedTensor,
+      c10::DispatchKey::ZeroTensor,
+  });
+  return ks;
+}
+
+// plan.py sends tensors of other Python types than its plain ones to stock. Wrapper tensors
+// (functional, batched, zero, nested) go the same way: they have no raw memory to write, or
+// copy_ would change their metadata too.
+bool is_subclass(const at::Tensor& t) {
+  if (!t.defined() || t.key_set().has_any(wrapper_keys()) || t.is_nested()) {
+    return true;
+  }
+  if (g_num_plain_types.load(std::memory_order_relaxed) != 0) {
+    PyObject* obj = t.unsafeGetTensorImpl()->pyobj_slot()->load_pyobj();
+    if (obj != nullptr && !plain_type(reinterpret_cast<intptr_t>(Py_TYPE(obj)))) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// plan.py _COPY_DTYPES: copy_ between these never raises; others (quantized, bits, float8...)
+// may raise midway, so the whole call stays on stock.
+bool copy_dtype(c10::ScalarType t) {
+  switch (t) {
+    case at::kBool: case at::kByte: case at::kChar: case at::kShort: case at::kInt:
+    case at::kLong: case at::kHalf: case at::kBFloat16: case at::kFloat: case at::kDouble:
+    case at::kComplexFloat: case at::kComplexDouble:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// plan.py _dense: contiguous in some dim order.
+bool dense(const at::Tensor& t) {
+  if (t.is_contiguous() || t.is_contiguous(at::MemoryFormat::ChannelsLast)) {
+    return true;
+  }
+  c10::SmallVector<std::pair<int64_t, int64_t>, 8> dims;
+  const auto sizes = t.sizes();
+  const auto strides = t.strides();
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    if (sizes[k] != 1) {
+      dims.emplace_back(strides[k], sizes[k]);
+    }
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t expected = 1;
+  for (const auto& [st, sz] : dims) {
+    if (st != expected) {
+      return false;
+    }
+    expected *= sz;
+  }
+  return true;
+}
+
+bool same_strides(const at::Tensor& d, const at::Tensor& s) {
+  const auto sizes = d.sizes();
+  const auto ds = d.strides();
+  const auto ss = s.strides();
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    if (sizes[k] != 1 && ds[k] != ss[k]) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// torch.broadcast_shapes(src, dst) == dst
+bool broadcasts_to(c10::IntArrayRef src, c10::IntArrayRef dst) {
+  if (src.size() > dst.size()) {
+    return false;
+  }
+  const size_t off = dst.size() - src.size();
+  for (size_t k = 0; k < src.size(); ++k) {
+    if (src[k] != dst[off + k] && src[k] != 1) {
+      return false;
+    }
+  }
+  return true;
+}
+
+int64_t span_bytes(const at::Tensor& t) {
+  int64_t span = 0;
+  const auto sizes = t.sizes();
+  const auto strides = t.strides();
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    span += (sizes[k] - 1) * strides[k];
+  }
+  return (span + 1) * static_cast<int64_t>(t.element_size());
+}
+
+int64_t nbytes(const at::Tensor& t) {
+  return t.numel() * static_cast<int64_t>(t.element_size());
+}
+
+// A flat view over a run must not leave the first tensor's storage: two allocations can sit side
+// by side (caching allocators split one segment).
+bool in_one_storage(const at::Tensor& t, int64_t ptr, int64_t len) {
+  const auto& st = t.unsafeGetTensorImpl()->unsafe_storage();
+  const auto base = reinterpret_cast<int64_t>(st.data());
+  return ptr + len <= base + static_cast<int64_t>(st.nbytes());
+}
+
+struct Interval {
+  int64_t rank;  // the device's position in str(device) order, as plan.py sorts by str(device)
+  int64_t start, end, index;
+  bool is_dst;
+  auto key() const { return std::make_tuple(rank, start, end, index, is_dst); }
+};
+
+struct PairInfo {
+  int64_t dptr = 0, sptr = 0;
+  bool ddense = false;
+};
+
+class Planner {
+ public:
+  Planner(at::TensorList dsts, at::TensorList srcs, const CapabilityTable& caps)
+      : dsts_(dsts), srcs_(srcs), caps_(caps), info_(dsts.size()) {
+    plan_.n = static_cast<int64_t>(dsts.size());
+  }
+
+  Plan run() {
+    std::vector<int64_t> fast;
+    fast.reserve(dsts_.size());
+    dst_iv_.reserve(dsts_.size());
+    src_iv_.reserve(dsts_.size());
+    for (int64_t i = 0; i < plan_.n; ++i) {
+      const auto& d = dsts_[i];
+      const auto& s = srcs_[i];
+      if (is_subclass(d)) return stock(Kind::Subclass, i, 0);
+      if (is_subclass(s)) return stock(Kind::Subclass, i, 1);
+      if (d.layout() != at::kStrided) return stock(Kind::Layout, i, 0);
+      if (s.layout() != at::kStrided) return stock(Kind::Layout, i, 1);
+      const auto dd = d.device();
+      const auto sd = s.device();
+      if (dd.is_meta() || sd.is_meta()) return stock(Kind::Meta, i, 0);
+      // Storage-less strided tensors (lazy/XLA) cannot be addressed: plan.py would fail there.
+      if (!d.has_storage()) return stock(Kind::Subclass, i, 2);
+      if (!s.has_storage()) return stock(Kind::Subclass, i, 3);
+      if (!copy_dtype(d.scalar_type()) || !copy_dtype(s.scalar_type())) {
+        return stock(Kind::MayRaise, i, 2);
+      }
+      Kind reason = Kind::None;
+      int8_t sub = 0;
+      if (d.sizes() != s.sizes()) {
+        if (!broadcasts_to(s.sizes(), d.sizes())) return stock(Kind::MayRaise, i, 0);
+        reason = Kind::Broadcast;
+      }
+      if (d.numel() == 0) {
+        plan_.empty.push_back(i);
+        continue;
+      }
+      auto& pi = info_[i];
+      pi.ddense = d.is_contiguous() || dense(d);
+      if (!pi.ddense && at::has_internal_overlap(d) == at::MemOverlap::Yes) {
+        return stock(Kind::MayRaise, i, 1);
+      }
+      // Like plan.py's data_ptr(): a copy-on-write destination is materialized here, before its
+      // address is compared with anything.
+      pi.dptr = reinterpret_cast<int64_t>(d.mutable_data_ptr());
+      pi.sptr = reinterpret_cast<int64_t>(s.const_data_ptr());
+      dst_iv_.push_back({device_rank(dd), pi.dptr, pi.dptr + span_bytes(d), i, true});
+      if (s.numel() != 0) {
+        src_iv_.push_back({device_rank(sd), pi.sptr, pi.sptr + span_bytes(s), i, false});
+      }
+      if (reason == Kind::None) {
+        reason = off_route(d, s, pi.ddense, &sub);
+      }
+      if (reason == Kind::None) {
+        fast.push_back(i);
+      } else {
+        plan_.fallback.push_back({i, reason, sub});
+      }
+    }
+    if (first_overlap()) {
+      return std::move(plan_);
+    }
+    coalesce_and_group(fast);
+    plan_.fallback_launches = static_cast<int64_t>(plan_.fallback.size());
+    return std::move(plan_);
+  }
+
+ private:
+  // Like plan.py, a whole-stock plan keeps the empty and fallback pairs found before the
+  // decision (explain shows only the reason; the stats count those pairs' reasons too).
+  Plan stock(Kind kind, int64_t a, int8_t sub, int64_t b = -1) {
+    plan_.stock = kind;
+    plan_.stock_a = a;
+    plan_.stock_b = b;
+    plan_.stock_sub = sub;
+    return std::move(plan_);
+  }
+
+  int64_t device_rank(c10::Device dev) {
+    for (size_t k = 0; k < devices_.size(); ++k) {
+      if (devices_[k] == dev) return static_cast<int64_t>(k);
+    }
+    devices_.push_back(dev);
+    return static_cast<int64_t>(devices_.size() - 1);
+  }
+
+  Kind off_route(const at::Tensor& d, const at::Tensor& s, bool ddense, int8_t* sub) {
+    if (d.device() != s.device()) return Kind::Device;
+    if (!ddense) {
+      *sub = 0;
+      return Kind::NotDense;
+    }
+    if (!(s.is_contiguous() || dense(s))) {
+      *sub = 1;
+      return Kind::NotDense;
+    }
+    if (!same_strides(d, s)) return Kind::Strides;
+    if (d.is_conj() || s.is_conj() || d.is_neg() || s.is_neg()) return Kind::ConjNeg;
+    if (at::isComplexType(s.scalar_type()) && !at::isComplexType(d.scalar_type())) {
+      *sub = 0;
+      return Kind::Dtype;
+    }
+    if (caps_.get(d.device().type()) == nullptr) return Kind::NoCapability;
+    return Kind::None;
+  }
+
+  // Whether any destination overlaps another tensor of the call. Usually there is none, and
+  // the destinations (and the sources) arrive in address order: then no sort is needed.
+  bool any_overlap() {
+    if (devices_.size() != 1) return true;  // let the exact pass decide
+    auto by_start = [](const Interval& a, const Interval& b) { return a.start < b.start; };
+    if (!std::is_sorted(dst_iv_.begin(), dst_iv_.end(), by_start)) {
+      std::sort(dst_iv_.begin(), dst_iv_.end(), by_start);
+    }
+    if (!std::is_sorted(src_iv_.begin(), src_iv_.end(), by_start)) {
+      std::sort(src_iv_.begin(), src_iv_.end(), by_start);
+    }
+    int64_t end_all = -1, end_dst = -1;
+    size_t a = 0, b = 0;
+    while (a < dst_iv_.size() || b < src_iv_.size()) {
+      const bool take_dst = b == src_iv_.size() || (a < dst_iv_.size() && dst_iv_[a].start <= src_iv_[b].start);
+      const Interval& iv = take_dst ? dst_iv_[a++] : src_iv_[b++];
+      if (iv.start < (iv.is_dst ? end_all : end_dst)) return true;
+      end_all = std::max(end_all, iv.end);
+      if (iv.is_dst) end_dst = std::max(end_dst, iv.end);
+    }
+    return false;
+  }
+
+  // plan.py _first_overlap, to name the same pair: intervals sorted as plan.py sorts its tuples.
+  bool first_overlap() {
+    if (!any_overlap()) return false;
+    std::vector<Interval> intervals;
+    intervals.reserve(dst_iv_.size() + src_iv_.size());
+    intervals.insert(intervals.end(), dst_iv_.begin(), dst_iv_.end());
+    intervals.insert(intervals.end(), src_iv_.begin(), src_iv_.end());
+    if (devices_.size() > 1) {
+      // plan.py sorts by str(device); ranks so far are first-seen order.
+      std::vector<std::pair<std::string, int64_t>> names;
+      for (size_t k = 0; k < devices_.size(); ++k) names.emplace_back(devices_[k].str(), k);
+      std::sort(names.begin(), names.end());
+      std::vector<int64_t> order(devices_.size());
+      for (size_t k = 0; k < names.size(); ++k) order[names[k].second] = static_cast<int64_t>(k);
+      for (auto& iv : intervals) iv.rank = order[iv.rank];
+    }
+    std::sort(intervals.begin(), intervals.end(),
+              [](const Interval& a, const Interval& b) { return a.key() < b.key(); });
+    int64_t rank = -1, end_all = -1, end_dst = -1;
+    const Interval* who_all = nullptr;
+    const Interval* who_dst = nullptr;
+    for (const auto& iv : intervals) {
+      if (iv.rank != rank) {
+        rank = iv.rank;
+        end_all = end_dst = -1;
+        who_all = who_dst = nullptr;
+      }
+      const Interval* hit = nullptr;
+      if (iv.is_dst && iv.start < end_all) {
+        hit = who_all;
+      } else if (!iv.is_dst && iv.start < end_dst) {
+        hit = who_dst;
+      }
+      if (hit != nullptr) {
+        plan_.stock = Kind::Aliasing;
+        plan_.stock_a = hit->index;
+        plan_.stock_b = iv.index;
+        plan_.stock_sub = static_cast<int8_t>((hit->is_dst ? 1 : 0) | (iv.is_dst ? 2 : 0));
+        return true;
+      }
+      if (iv.end > end_all) {
+        end_all = iv.end;
+        who_all = &iv;
+      }
+      if (iv.is_dst && iv.end > end_dst) {
+        end_dst = iv.end;
+        who_dst = &iv;
+      }
+    }
+    return false;
+  }
+
+  void close_run(const std::vector<int64_t>& run, int64_t d_end, int64_t s_end,
+                 std::vector<int64_t>* singles) {
+    if (run.size() > 1) {
+      const auto& d0 = dsts_[run[0]];
+      const auto& s0 = srcs_[run[0]];
+      const auto& p0 = info_[run[0]];
+      const int64_t nd = d_end - p0.dptr;
+      const int64_t ns = s_end - p0.sptr;
+      if (in_one_storage(d0, p0.dptr, nd) && in_one_storage(s0, p0.sptr, ns)) {
+        const auto begin = static_cast<int64_t>(plan_.run_members.size());
+        plan_.run_members.insert(plan_.run_members.end(), run.begin(), run.end());
+        plan_.runs.push_back({begin, static_cast<int64_t>(plan_.run_members.size()),
+                              nd / static_cast<int64_t>(d0.element_size())});
+        return;
+      }
+    }
+    singles->insert(singles->end(), run.begin(), run.end());
+  }
+
+  void coalesce_and_group(const std::vector<int64_t>& fast) {
+    std::vector<int64_t> singles, run;
+    int64_t d_end = -1, s_end = -1;
+    for (const int64_t i : fast) {
+      const auto& d = dsts_[i];
+      const auto& s = srcs_[i];
+      const auto& pi = info_[i];
+      if (!run.empty()) {
+        const auto& pd = dsts_[run.back()];
+        const auto& ps = srcs_[run.back()];
+        if (pi.dptr == d_end && pi.sptr == s_end && d.scalar_type() == pd.scalar_type() &&
+            s.scalar_type() == ps.scalar_type() && d.device() == pd.device() &&
+            d.is_contiguous() && s.is_contiguous()) {
+          run.push_back(i);
+          d_end += nbytes(d);
+          s_end += nbytes(s);
+          continue;
+        }
+        close_run(run, d_end, s_end, &singles);
+        run.clear();
+      }
+      if (d.is_contiguous() && s.is_contiguous()) {
+        run.push_back(i);
+        d_end = pi.dptr + nbytes(d);
+        s_end = pi.sptr + nbytes(s);
+      } else {
+        singles.push_back(i);
+      }
+    }
+    close_run(run, d_end, s_end, &singles);
+
+    std::sort(singles.begin(), singles.end());
+    // Groups in order of first appearance, as plan.py's dict. Few keys: a linear scan, starting
+    // from the last key hit (neighbours usually share one).
+    using Key = std::tuple<int, int, int, int>;
+    std::vector<Key> keys;
+    std::vector<std::vector<int64_t>> members;
+    size_t last = 0;
+    for (const int64_t i : singles) {
+      const auto dev = dsts_[i].device();
+      const Key k{static_cast<int>(dev.type()), dev.index(),
+                  static_cast<int>(srcs_[i].scalar_type()), static_cast<int>(dsts_[i].scalar_type())};
+      if (keys.empty() || keys[last] != k) {
+        last = std::find(keys.begin(), keys.end(), k) - keys.begin();
+        if (last == keys.size()) {
+          keys.push_back(k);
+          members.emplace_back();
+        }
+      }
+      members[last].push_back(i);
+    }
+    for (size_t g = 0; g < members.size(); ++g) {
+      const auto& idx = members[g];
+      const auto& d0 = dsts_[idx[0]];
+      const Capability* cap = caps_.get(d0.device().type());
+      if (cap != nullptr && cap->supports(srcs_[idx[0]].scalar_type(), d0.scalar_type())) {
+        const auto begin = static_cast<int64_t>(plan_.group_members.size());
+        plan_.group_members.insert(plan_.group_members.end(), idx.begin(), idx.end());
+        plan_.groups.push_back({begin, static_cast<int64_t>(plan_.group_members.size()),
+                                cap->launches(static_cast<int64_t>(idx.size()))});
+        continue;
+      }
+      for (const int64_t i : idx) plan_.fallback.push_back({i, Kind::Dtype, 1});
+    }
+    std::sort(plan_.fallback.begin(), plan_.fallback.end(),
+              [](const Fallback& a, const Fallback& b) { return a.index < b.index; });
+  }
+
+  at::TensorList dsts_, srcs_;
+  const CapabilityTable& caps_;
+  std::vector<PairInfo> info_;
+  std::vector<Interval> dst_iv_, src_iv_;
+  std::vector<c10::Device> devices_;
+  Plan plan_;
+};
+
+}  // namespace
+
+void set_plain_tensor_types(const std::vector<int64_t>& type_objects) {
+  TORCH_CHECK(!type_objects.empty() && type_objects.size() <= kMaxPlainTypes,
+              "npu_dispatch: 1 to ", kMaxPlainTypes, " plain tensor types");
+  g_num_plain_types.store(0, std::memory_order_release);
+  for (size_t k = 0; k < type_objects.size(); ++k) {
+    g_plain_types[k].store(static_cast<intptr_t>(type_objects[k]), std::memory_order_relaxed);
+  }
+  g_num_plain_types.store(static_cast<int>(type_objects.size()), std::memory_order_release);
+}
+
+void check_lists(at::TensorList dsts, at::TensorList srcs) {
+  TORCH_CHECK(!dsts.empty(), "Tensor list must have at least one tensor.");
+  TORCH_CHECK(dsts.size() == srcs.size(), "Tensor lists must have the same number of tensors, got ",
+              dsts.size(), " and ", srcs.size());
+}
+
+Plan build_plan(at::TensorList dsts, at::TensorList srcs, const CapabilityTable& caps) {
+  return Planner(dsts, srcs, caps).run();
+}
+
+std::vector<int64_t> encode_plan(const Plan& p) {
+  constexpr int64_t kFormat = 1;
+  std::vector<int64_t> out{kFormat,
+                           p.n,
+                           static_cast<int64_t>(p.stock),
+                           p.stock_a,
+                           p.stock_b,
+                           p.stock_sub,
+                           p.fallback_launches,
+                           static_cast<int64_t>(p.runs.size()),
+                           static_cast<int64_t>(p.groups.size()),
+                           static_cast<int64_t>(p.fallback.size()),
+                           static_cast<int64_t>(p.empty.size())};
+  out.reserve(out.size() + 2 * p.runs.size() + p.run_members.size() + 2 * p.groups.size() +
+              p.group_members.size() + 3 * p.fallback.size() + p.empty.size());
+  for (const auto& r : p.runs) {
+    out.push_back(r.end - r.begin);
+    out.push_back(r.numel);
+    out.insert(out.end(), p.run_members.begin() + r.begin, p.run_members.begin() + r.end);
+  }
+  for (const auto& g : p.groups) {
+    out.push_back(g.end - g.begin);
+    out.push_back(g.launches);
+    out.insert(out.end(), p.group_members.begin() + g.begin, p.group_members.begin() + g.end);
+  }
+  for (const auto& f : p.fallback) {
+    out.push_back(f.index);
+    out.push_back(static_cast<int64_t>(f.kind));
+    out.push_back(f.sub);
+  }
+  out.insert(out.end(), p.empty.begin(), p.empty.end());
+  return out;
+}
+
+}  // namespace npu_dispatch

@@ -1,0 +1,74 @@
+// The copy planner of npu_dispatch/plan.py in C++ (plan.py is the spec; keep the two in step).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "capability_table.h"
+
+namespace npu_dispatch {
+
+// Reason kinds; the order is part of the wire format (npu_dispatch/_native_plan.py, KINDS).
+enum class Kind : int8_t {
+  None = -1,
+  NotTensor = 0,
+  Subclass,
+  Layout,
+  Meta,
+  MayRaise,
+  Aliasing,
+  Broadcast,
+  Device,
+  NotDense,
+  Strides,
+  ConjNeg,
+  Dtype,
+  NoCapability,
+  Count,
+};
+constexpr int kNumKinds = static_cast<int>(Kind::Count);
+
+struct Run {
+  int64_t begin, end;  // into Plan::run_members
+  int64_t numel;
+};
+
+struct Group {
+  int64_t begin, end;  // into Plan::group_members
+  int64_t launches;
+};
+
+struct Fallback {
+  int64_t index;
+  Kind kind;
+  int8_t sub;  // which side / which variant, only for the reason text
+};
+
+struct Plan {
+  int64_t n = 0;
+  Kind stock = Kind::None;  // whole call to the stock op when set
+  int64_t stock_a = -1, stock_b = -1;
+  int8_t stock_sub = 0;
+  std::vector<int64_t> run_members, group_members, empty;
+  std::vector<Run> runs;
+  std::vector<Group> groups;
+  std::vector<Fallback> fallback;  // sorted by index
+  int64_t fallback_launches = 0;
+};
+
+// The Python types plan.py treats as plain tensors (ids of the type objects: torch.Tensor...);
+// a tensor whose Python object has another type is a subclass. Until Python configures them,
+// only dispatch keys can tell.
+void set_plain_tensor_types(const std::vector<int64_t>& type_objects);
+
+// Plans without touching data. Lists must be non-empty and of equal length (check first).
+Plan build_plan(at::TensorList dsts, at::TensorList srcs, const CapabilityTable& caps);
+
+// The int[] returned by npu_dispatch::_plan; decoded by npu_dispatch/_native_plan.py.
+std::vector<int64_t> encode_plan(const Plan& p);
+
+void check_lists(at::TensorList dsts, at::TensorList srcs);
+
+}  // namespace npu_dispatch

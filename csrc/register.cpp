@@ -1,0 +1,109 @@
+// Op registration: the native-only ops (schemas here) and C++ kernels for the two public ops,
+// whose schemas npu_dispatch/ops.py defines (its Python kernel stays the no-compiler path and
+// serves every dispatch key not registered below).
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/narrow.h>
+#include <ATen/ops/split_with_sizes.h>
+#include <c10/core/GradMode.h>
+#include <torch/library.h>
+
+#include <chrono>
+
+#include "capability_table.h"
+#include "copy_call.h"
+#include "cpu_copy_kernel.h"
+#include "execute.h"
+#include "native_stats.h"
+#include "plan.h"
+
+namespace npu_dispatch {
+namespace {
+
+constexpr int64_t kAbiVersion = 1;
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+std::vector<int64_t> plan_op(at::TensorList self, at::TensorList src) {
+  return plan_encoded(self, src);
+}
+
+// Python's engine passes bump=False here and bumps itself (the fast entry is in python_entry.cpp).
+std::vector<int64_t> foreach_copy_planned(at::TensorList self, at::TensorList src,
+                                          bool non_blocking, bool strict) {
+  return plan_and_run(self, src, non_blocking, strict, false);
+}
+
+void foreach_copy_kernel(at::TensorList self, at::TensorList src, bool non_blocking) {
+  const int64_t t0 = now_ns();
+  const auto counts = plan_and_run(self, src, non_blocking, false, true);
+  record_direct(kOpForeachCopy, counts, now_ns() - t0);
+}
+
+std::tuple<at::Tensor, at::Tensor> all_gather_copy_in_kernel(
+    at::TensorList all_gather_inputs, const at::Tensor& all_gather_output,
+    c10::IntArrayRef inp_split_sizes, int64_t all_gather_input_numel, int64_t rank) {
+  const int64_t t0 = now_ns();
+  auto all_gather_input =
+      all_gather_output.narrow(0, all_gather_input_numel * rank, all_gather_input_numel);
+  const auto dsts = all_gather_input.split_with_sizes(inp_split_sizes);
+  std::vector<int64_t> counts;
+  {
+    c10::AutoGradMode no_grad(false);
+    counts = plan_and_run(dsts, all_gather_inputs, false, false, true);
+  }
+  record_direct(kOpAllGatherCopyIn, counts, now_ns() - t0);
+  return {all_gather_input, all_gather_output};
+}
+
+void set_capabilities_op(std::vector<std::string> device_types, std::vector<int64_t> table,
+                         std::vector<c10::ScalarType> dtypes) {
+  set_capabilities(device_types, table, dtypes);
+}
+
+void configure_op(std::vector<int64_t> plain_tensor_types) {
+  set_plain_tensor_types(plain_tensor_types);
+}
+
+std::vector<int64_t> info_op() {
+  auto out = kernel_counters();
+  out.insert(out.begin(), kAbiVersion);
+  return out;
+}
+
+}  // namespace
+}  // namespace npu_dispatch
+
+TORCH_LIBRARY_FRAGMENT(npu_dispatch, m) {
+  using namespace npu_dispatch;
+  m.def("_plan(Tensor[] self, Tensor[] src) -> int[]");
+  m.def(
+      "_foreach_copy_planned(Tensor(a!)[] self, Tensor[] src, bool non_blocking=False, "
+      "bool strict=False) -> int[]");
+  m.def("_set_capabilities(str[] device_types, int[] table, ScalarType[] dtypes) -> ()",
+        &set_capabilities_op);
+  m.def("_configure(int[] plain_tensor_types) -> ()", &configure_op);
+  m.def("_self_check() -> int[]", &self_check);
+  m.def("_native_info() -> int[]", &info_op);
+  m.def("_drain_stats() -> int[]", &drain_direct);
+}
+
+// Planning reads metadata only and stock takes whatever it cannot place, so one kernel serves
+// every backend (meta included: the plan sends it to stock).
+TORCH_LIBRARY_IMPL(npu_dispatch, CompositeExplicitAutograd, m) {
+  m.impl("_plan", &npu_dispatch::plan_op);
+  m.impl("_foreach_copy_planned", &npu_dispatch::foreach_copy_planned);
+}
+
+#define NPU_DISPATCH_REGISTER_BACKEND(KEY)                                      \
+  TORCH_LIBRARY_IMPL(npu_dispatch, KEY, m) {                                    \
+    m.impl("foreach_copy_", &npu_dispatch::foreach_copy_kernel);                \
+    m.impl("all_gather_copy_in", &npu_dispatch::all_gather_copy_in_kernel);     \
+  }
+
+NPU_DISPATCH_REGISTER_BACKEND(CPU)
+NPU_DISPATCH_REGISTER_BACKEND(CUDA)
+NPU_DISPATCH_REGISTER_BACKEND(PrivateUse1)

@@ -1,0 +1,262 @@
+"""Loader for the C++ planner and executors in ``csrc/`` (JIT-built on first use, then cached).
+
+``load()`` builds the extension with ``torch.utils.cpp_extension.load`` into
+``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``) the first time a copy needs it;
+later processes reuse the cached library. The library registers:
+
+- ``foreach_copy_planned(dsts, srcs, non_blocking, strict, bump[, defer_if_grad])``, a CPython function
+  (plan + execute, returns a fixed-size count vector) that ``engine`` calls once per copy: it
+  reads the tensor lists without boxing them, which ``torch.ops`` would do tensor by tensor;
+  ``plan(dsts, srcs)``, the plan as a tuple of ints (decoded by ``_native_plan``, for ``explain``);
+- ``npu_dispatch::_plan`` and
+  ``npu_dispatch::_foreach_copy_planned`` (the same as the function above, as an op);
+- C++ kernels for ``npu_dispatch::foreach_copy_`` / ``all_gather_copy_in`` at CPU, CUDA and
+  PrivateUse1, which win over the Python CompositeExplicitAutograd kernels of ``ops.py``.
+
+Without a compiler, or when the build fails, or with ``NPU_DISPATCH_NATIVE=0``, the reason is
+logged once, ``status()`` reports it, and everything runs on the Python planner (``plan.py``)
+and executor (``engine.py``): correct, only slower per tensor.
+
+The capability table stays Python data: ``capabilities`` tells this module whenever the table in
+force changes (override enter and exit) and the whole table is pushed to C++; the npu entry is
+pushed again once torch_npu gets imported (plan.py builds it on first sight of an npu tensor).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from . import capabilities, stats as _stats
+
+__all__ = ["load", "available", "status", "build", "module", "planned_op", "self_check_result", "info"]
+
+log = logging.getLogger("npu_dispatch")
+
+_NAME = "npu_dispatch_native"
+_ABI_VERSION = 1
+_SOURCES = (
+    "capability_table.cpp",
+    "plan.cpp",
+    "cpu_convert_default.cpp",
+    "cpu_convert_avx2.cpp",
+    "cpu_convert_avx512.cpp",
+    "cpu_copy_kernel.cpp",
+    "execute.cpp",
+    "copy_call.cpp",
+    "native_stats.cpp",
+    "register.cpp",
+    "python_entry.cpp",
+)
+_CFLAGS = ["-O3", "-Wno-psabi", "-fvisibility=hidden", "-fvisibility-inlines-hidden"]
+
+_lock = threading.RLock()
+_tried = False
+_reason = "not loaded yet"
+_module = None  # the loaded extension module
+_planned = None  # its foreach_copy_planned, the engine's per-call entry
+_self_check: list[int] | None = None
+_npu_pending = False  # pushed before torch_npu was imported: push again once it is
+_build_seconds: float | None = None
+
+
+def _source_dir() -> Path | None:
+    here = Path(__file__).resolve().parent
+    for cand in (here / "csrc", here.parent / "csrc"):  # installed wheel, then source checkout
+        if all((cand / s).is_file() for s in _SOURCES):
+            return cand
+    return None
+
+
+def status() -> tuple[bool, str]:
+    """``(built, reason)``: whether the native library is loaded, and why not (or how)."""
+    return _planned is not None, _reason
+
+
+def self_check_result() -> dict | None:
+    """Which CPU conversions the kernel matched stock on at load, and with which variant."""
+    if _self_check is None:
+        return None
+    names = ("f32->bf16", "bf16->f32", "f32->f16", "f16->f32")
+    variants = ("none", "DEFAULT", "AVX2", "AVX512")
+    sc = _self_check
+    return {
+        n: {"enabled": bool(sc[1 + k]), "variant": variants[sc[5 + k]], "fbgemm_split": bool(sc[9 + k])}
+        for k, n in enumerate(names)
+    }
+
+
+def info() -> dict:
+    """Counters only the C++ kernel moves: one-pass CPU kernel runs, work items, bytes."""
+    if _planned is None:
+        return {}
+    abi, passes, items, nbytes = torch.ops.npu_dispatch._native_info.default()
+    return {"abi": abi, "kernel_passes": passes, "kernel_items": items, "kernel_bytes": nbytes,
+            "build_seconds": _build_seconds}
+
+
+def module():
+    """The loaded extension module (``plan``, ``foreach_copy_planned``), or None."""
+    load()
+    return _module
+
+
+def planned_op():
+    """``foreach_copy_planned(dsts, srcs, non_blocking, strict, bump) -> tuple[int, ...]``, or
+    None (Python path). O(1) after the first call."""
+    if _planned is not None:
+        if _npu_pending and "torch_npu" in sys.modules:
+            push_capabilities()
+        return _planned
+    if _tried:
+        return None
+    return load()
+
+
+def load():
+    """Build (first time) and load the library; returns the planned-op callable or None."""
+    global _tried
+    if _tried:
+        return _planned
+    with _lock:
+        if _tried:
+            return _planned
+        try:
+            _load()
+        finally:
+            _tried = True
+    return _planned
+
+
+def build(verbose: bool = True) -> tuple[bool, str]:
+    """Build and load now (for ``python -m npu_dispatch build``); returns ``status()``."""
+    global _tried
+    with _lock:
+        if not _tried:
+            try:
+                _load(verbose=verbose)
+            finally:
+                _tried = True
+    return status()
+
+
+def _load(verbose: bool = False) -> None:
+    global _reason, _planned, _self_check, _build_seconds, _module
+    if os.environ.get("NPU_DISPATCH_NATIVE", "1") == "0":
+        _reason = "disabled by NPU_DISPATCH_NATIVE=0"
+        return
+    src = _source_dir()
+    if src is None:
+        _fail("C++ sources (csrc/*.cpp) not found next to the package")
+        return
+    start = time.perf_counter()
+    try:
+        from torch.utils import cpp_extension
+
+        module = cpp_extension.load(
+            name=_NAME,
+            sources=[str(src / s) for s in _SOURCES],
+            extra_cflags=_CFLAGS,
+            is_python_module=True,
+            verbose=verbose,
+        )
+        ops = torch.ops.npu_dispatch
+        abi = ops._native_info.default()[0]
+        if abi != _ABI_VERSION:
+            _fail(f"stale native library (ABI {abi}, expected {_ABI_VERSION})")
+            return
+        ops._configure.default([id(t) for t in _plain_types()])
+        _self_check = list(ops._self_check.default())
+    except Exception as e:  # no compiler, failed build, failed load: the Python path serves
+        _fail(f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}")
+        return
+    _build_seconds = time.perf_counter() - start
+    capabilities.on_change(push_capabilities)
+    push_capabilities()
+    _stats.add_drain(_drain_into)
+    _module = module
+    _planned = module.foreach_copy_planned
+    _reason = f"loaded {_NAME} ({_build_seconds:.1f}s to build or load)"
+
+
+def _plain_types() -> tuple:
+    # What plan.py treats as a plain tensor (PLAIN_TYPES if it names them, else torch.Tensor).
+    from . import plan
+
+    return tuple(getattr(plan, "PLAIN_TYPES", (torch.Tensor,)))
+
+
+def _fail(reason: str) -> None:
+    global _reason
+    _reason = f"native path unavailable, using the Python planner: {reason}"
+    log.warning("npu_dispatch: %s", _reason)
+
+
+def push_capabilities() -> None:
+    """Send the table in force to C++ (names, flat int table, dtypes; see capability_table.h)."""
+    global _npu_pending
+    merged = dict(capabilities.table())
+    pending = False
+    if "npu" not in capabilities._table and not any("npu" in layer for layer in capabilities._overrides):
+        if "torch_npu" in sys.modules:
+            merged["npu"] = capabilities.lookup("npu")  # what plan.py's first sight would cache
+        else:
+            pending = True
+    names: list[str] = []
+    table: list[int] = []
+    dtypes: list[torch.dtype] = []
+    index: dict[torch.dtype, int] = {}
+
+    def idx(dt: torch.dtype) -> int:
+        if dt not in index:
+            index[dt] = len(dtypes)
+            dtypes.append(dt)
+        return index[dt]
+
+    for name, cap in merged.items():
+        names.append(name)
+        if cap is None:
+            table += [0, 0, 0]
+            continue
+        pairs = [(d, d) for d in sorted(cap.dtypes, key=str)] + sorted(cap.cross_pairs, key=str)
+        table += [1, cap.max_tensors_per_launch or 0, len(pairs)]
+        for s, d in pairs:
+            table += [idx(s), idx(d)]
+    torch.ops.npu_dispatch._set_capabilities.default(names, table, dtypes)
+    _npu_pending = pending
+
+
+# Layout of npu_dispatch::_drain_stats (csrc/native_stats.h).
+_DIRECT_OPS = ("npu_dispatch.foreach_copy_", "npu_dispatch.all_gather_copy_in")
+
+
+def _drain_into(stats: "_stats.CopyStats") -> None:
+    from ._native_plan import KINDS
+
+    v = torch.ops.npu_dispatch._drain_stats.default()
+    if not any(v):
+        return
+    pos = 0
+    for op in _DIRECT_OPS:
+        calls, fast, fallback, ns = v[pos:pos + 4]
+        pos += 4
+        if calls:
+            stats.add_op_totals(op, calls, fast, fallback, ns * 1e-9)
+    paths = {}
+    for p in _stats.PATHS:
+        calls, tensors, nbytes, launches = v[pos:pos + 4]
+        pos += 4
+        if calls:
+            paths[p] = (calls, tensors, nbytes, launches)
+    reasons = {k: c for k, c in zip(KINDS, v[pos:pos + len(KINDS)]) if c}
+    stats.add_path_totals(paths, reasons)
+
+
+def available() -> bool:
+    """Whether copies take the native path (builds the library on first call)."""
+    return load() is not None

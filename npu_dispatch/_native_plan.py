@@ -1,0 +1,139 @@
+"""Decoding of what the C++ planner returns: the ``int[]`` plan and the count vector.
+
+The C++ side sends indices and reason codes only; everything shown to a person (devices, dtypes,
+shapes, reason texts) is rebuilt here from the tensors themselves, with the words of
+``plan.py`` (tests/test_native.py checks that both planners give equal ``Plan`` objects).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from . import capabilities
+from .plan import Group, Plan, Run, _dt, _odd_dtype_text
+from .stats import PATHS
+
+__all__ = ["KINDS", "decode_plan", "decode_counts", "native_plan", "EXECUTED", "BLOCKED", "DEFERRED"]
+
+# Order of csrc/plan.h ``Kind``.
+KINDS = (
+    "not_tensor", "subclass", "layout", "meta", "may_raise", "aliasing",
+    "broadcast", "device", "not_dense", "strides", "conj_neg", "dtype", "no_capability",
+)
+# Flags in slot 0 of the count vector (csrc/execute.h).
+EXECUTED = 1
+BLOCKED = 2
+DEFERRED = 4  # grad-aware call that autograd must see: nothing done
+_FORMAT = 1
+_N_PATHS = len(PATHS)
+
+
+def decode_counts(v: Sequence[int]) -> tuple[int, dict, dict]:
+    """``(flags, counts, reasons)``: counts maps path -> (tensors, bytes, launches) for the
+    paths used; reasons maps reason kind -> pairs (or whole calls) that fell back for it."""
+    counts = {}
+    for k, path in enumerate(PATHS):
+        base = 1 + 3 * k
+        if v[base]:
+            counts[path] = (v[base], v[base + 1], v[base + 2])
+    base = 1 + 3 * _N_PATHS
+    reasons = {kind: c for kind, c in zip(KINDS, v[base:base + len(KINDS)]) if c}
+    return v[0], counts, reasons
+
+
+def _who(is_dst: int) -> str:
+    return "dst" if is_dst else "src"
+
+
+def _stock_text(kind: str, a: int, b: int, sub: int, dsts, srcs) -> str:
+    if kind == "subclass":
+        bad = dsts[a] if sub in (0, 2) else srcs[a]
+        if sub >= 2:
+            return f"{_who(sub == 2)}[{a}] has no storage ({bad.device.type} tensor)"
+        if type(bad) is torch.Tensor:
+            return f"{_who(sub == 0)}[{a}] is a wrapper tensor (functional, batched, zero or nested)"
+        return f"{_who(sub == 0)}[{a}] is a tensor subclass ({type(bad).__name__})"
+    d, s = dsts[a], srcs[a]
+    if kind == "layout":
+        return f"pair {a} has layout {d.layout if sub == 0 else s.layout}"
+    if kind == "meta":
+        return f"pair {a} has a meta tensor"
+    if kind == "may_raise":
+        if sub == 0:
+            return (
+                f"src[{a}] shape {tuple(s.shape)} does not broadcast to dst[{a}] shape "
+                f"{tuple(d.shape)}: stock raises there, after writing the pairs before it"
+            )
+        if sub == 2:
+            return _odd_dtype_text(a, s.dtype, d.dtype)
+        return f"dst[{a}] has internal overlap: stock raises there"
+    if kind == "aliasing":
+        return (
+            f"{_who(sub & 2)}[{b}] overlaps {_who(sub & 1)}[{a}]: "
+            "kept as stock's sequential copy_ loop"
+        )
+    return kind
+
+
+def _fallback_text(kind: str, i: int, sub: int, d: torch.Tensor, s: torch.Tensor) -> str:
+    if kind == "broadcast":
+        return f"src[{i}] shape {tuple(s.shape)} broadcasts to dst[{i}] shape {tuple(d.shape)}"
+    if kind == "device":
+        return f"src[{i}] on {s.device}, dst[{i}] on {d.device}"
+    if kind == "not_dense":
+        return f"{_who(sub == 0)}[{i}] is not dense"
+    if kind == "strides":
+        return f"src[{i}] strides {s.stride()} differ from dst[{i}] strides {d.stride()}"
+    if kind == "conj_neg":
+        return f"pair {i} has a lazy conjugate or negative bit"
+    if kind == "dtype":
+        if sub == 0:
+            return f"pair {i} casts complex to real (stock warns per copy)"
+        cap = capabilities.lookup(d.device.type)
+        name = cap.name if cap is not None else d.device.type
+        return f"dtype pair {_dt(s.dtype)}->{_dt(d.dtype)} not supported by the {name} fast path"
+    if kind == "no_capability":
+        return f"no fast path for device type {d.device.type}"
+    return kind
+
+
+def decode_plan(v: Sequence[int], dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor]) -> Plan:
+    """The :class:`Plan` encoded by ``npu_dispatch::_plan`` (layout: csrc/plan.cpp encode_plan)."""
+    if v[0] != _FORMAT:
+        raise RuntimeError(f"npu_dispatch: native plan format {v[0]}, expected {_FORMAT}")
+    n, stock, a, b, sub, fallback_launches, n_runs, n_groups, n_fallback, n_empty = v[1:11]
+    plan = Plan(n)
+    if stock >= 0:
+        # As in plan.py, pairs classified before the whole-stock decision stay listed.
+        kind = KINDS[stock]
+        plan.stock_reason = (kind, _stock_text(kind, a, b, sub, dsts, srcs))
+    pos = 11
+    for _ in range(n_runs):
+        count, numel = v[pos], v[pos + 1]
+        idx = list(v[pos + 2:pos + 2 + count])
+        pos += 2 + count
+        d0, s0 = dsts[idx[0]], srcs[idx[0]]
+        plan.runs.append(Run(idx, numel, d0.device, s0.dtype, d0.dtype))
+    for _ in range(n_groups):
+        count, launches = v[pos], v[pos + 1]
+        idx = list(v[pos + 2:pos + 2 + count])
+        pos += 2 + count
+        d0, s0 = dsts[idx[0]], srcs[idx[0]]
+        plan.groups.append(Group(idx, d0.device, s0.dtype, d0.dtype, launches))
+    for _ in range(n_fallback):
+        i, kind_code, fsub = v[pos:pos + 3]
+        pos += 3
+        kind = KINDS[kind_code]
+        plan.fallback.append(i)
+        plan.reasons[i] = (kind, _fallback_text(kind, i, fsub, dsts[i], srcs[i]))
+    plan.empty = list(v[pos:pos + n_empty])
+    plan.fallback_launches = fallback_launches
+    return plan
+
+
+def native_plan(dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor]) -> Plan:
+    """The C++ planner's plan for ``_foreach_copy_(dsts, srcs)`` (native library loaded)."""
+    from . import _native
+
+    return decode_plan(_native.module().plan(dsts, srcs), dsts, srcs)
