@@ -120,11 +120,14 @@ def worker(rank: int, world: int, port: int, args, out_path: str) -> None:
             }
             with open(out_path, "w") as f:
                 json.dump(result, f)
-        # Both ranks leave together: a gloo peer torn down while the other still runs can abort
-        # the process at exit.
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    # Leave without interpreter teardown: under load, gloo's threads destroyed at exit can abort
+    # the process ("terminate called without an active exception") after all the work is done.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _free_port() -> int:

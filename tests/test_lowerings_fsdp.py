@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import socket
 import tempfile
 
@@ -92,6 +93,11 @@ def _worker(rank, world, port, out_path):
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    # Leave without interpreter teardown: under load, gloo's threads destroyed at exit can abort
+    # the process ("terminate called without an active exception") after all the work is done.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _port():

@@ -45,8 +45,10 @@ def variants(args) -> list[timing.Variant]:
     """The variants timed for one workload's arguments.
 
     Copy workloads: ``stock`` (the stock op), ``direct`` (``npu_dispatch.foreach_copy_`` /
-    ``all_gather_copy_in``), ``mode`` (the stock call under ``NpuFastCopyMode``), ``roofline`` (one
-    flat ``copy_`` of as many elements, same dtypes, between two contiguous buffers).
+    ``all_gather_copy_in``), ``mode`` (the stock call under ``NpuFastCopyMode``), ``bare_mode``
+    (the stock call under a do-nothing dispatch mode: the best any dispatch mode can do),
+    ``roofline`` (one flat ``copy_`` of as many elements, same dtypes, between two contiguous
+    buffers).
     ``DispatchArgs``: ``no_mode``, ``bare_mode`` (:class:`PassThroughMode`), ``mode``.
     """
     V = timing.Variant
@@ -72,8 +74,10 @@ def variants(args) -> list[timing.Variant]:
         )
         call = "(inputs, output, split_sizes, numel, rank)"
         stock, direct = "stock_op" + call, "direct_op" + call
+    # bare_mode: the stock call under a do-nothing dispatch mode, the floor any TorchDispatchMode
+    # pays (the dispatcher boxes every tensor of the lists into Python for __torch_dispatch__).
     return [V("stock", stock, g), V("direct", direct, g), V("mode", stock, g, NpuFastCopyMode),
-            V("roofline", "flat_dst.copy_(flat_src)", g)]
+            V("bare_mode", stock, g, PassThroughMode), V("roofline", "flat_dst.copy_(flat_src)", g)]
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -152,6 +156,7 @@ def run_workload(w: Workload, cfg: Config, log: Callable[[str], None] = lambda s
             "efficiency_direct": _ratio(med["roofline"], med["direct"]),
             "efficiency_mode": _ratio(med["roofline"], med["mode"]),
             "efficiency_stock": _ratio(med["roofline"], med["stock"]),
+            "speedup_mode_floor": _ratio(med["stock"], med["bare_mode"]),
         }
     row["metrics"] = metrics
     row["checks"] = [
