@@ -55,6 +55,18 @@ _SOURCES = (
 )
 _CFLAGS = ["-O3", "-Wno-psabi", "-fvisibility=hidden", "-fvisibility-inlines-hidden"]
 
+
+def _openmp_flags() -> tuple[list[str], list[str]]:
+    """at::parallel_for is inline OpenMP in ATen's headers: without -fopenmp it runs serially.
+
+    Link the libgomp that torch ships (its soname is already loaded by torch), never a second
+    OpenMP runtime; a torch built without OpenMP gets no flags.
+    """
+    if "OpenMP" not in torch.__config__.parallel_info():
+        return [], []
+    gomp = Path(torch.__file__).parent / "lib" / "libgomp.so.1"
+    return ["-fopenmp"], ([str(gomp)] if gomp.is_file() else ["-fopenmp"])
+
 _lock = threading.RLock()
 _tried = False
 _reason = "not loaded yet"
@@ -158,10 +170,12 @@ def _load(verbose: bool = False) -> None:
     try:
         from torch.utils import cpp_extension
 
+        omp_cflags, omp_ldflags = _openmp_flags()
         module = cpp_extension.load(
             name=_NAME,
             sources=[str(src / s) for s in _SOURCES],
-            extra_cflags=_CFLAGS,
+            extra_cflags=_CFLAGS + omp_cflags,
+            extra_ldflags=omp_ldflags,
             is_python_module=True,
             verbose=verbose,
         )
