@@ -56,7 +56,14 @@ class CopyInTimer(TorchDispatchMode):
         return out
 
 
-def train(args, device: torch.device, rank: int, world: int, mode) -> list[float]:
+def _copy_in_seconds(mode) -> float:
+    if isinstance(mode, CopyInTimer):
+        return mode.seconds
+    return sum(v["seconds"] for v in mode.stats.as_dict()["ops"].values())
+
+
+def train(args, device: torch.device, rank: int, world: int, mode) -> tuple[list[float], float]:
+    """Losses per step, and host seconds in copy-in after the first step (a warm-up for both)."""
     torch.manual_seed(0)
     cfg = Config()
     model = TinyLlama(cfg).to(device)
@@ -68,8 +75,11 @@ def train(args, device: torch.device, rank: int, world: int, mode) -> list[float
     data = corpus()
     gen = torch.Generator().manual_seed(1234 + rank)
     losses = []
+    warm = 0.0
     with mode:
-        for _ in range(args.steps):
+        for step in range(args.steps):
+            if step == 1:
+                warm = _copy_in_seconds(mode)
             starts = torch.randint(0, data.numel() - cfg.seq - 1, (args.batch,), generator=gen)
             seq = torch.stack([data[s: s + cfg.seq + 1] for s in starts.tolist()]).to(device)
             logits = model(seq[:, :-1])
@@ -81,7 +91,7 @@ def train(args, device: torch.device, rank: int, world: int, mode) -> list[float
             total = loss.detach().clone()
             dist.all_reduce(total)
             losses.append((total / world).item())
-    return losses
+    return losses, _copy_in_seconds(mode) - warm
 
 
 def worker(rank: int, world: int, port: int, args, out_path: str) -> None:
@@ -97,9 +107,9 @@ def worker(rank: int, world: int, port: int, args, out_path: str) -> None:
     dist.init_process_group(backend, rank=rank, world_size=world)
     try:
         timer = CopyInTimer()
-        losses_stock = train(args, device, rank, world, timer)
+        losses_stock, seconds_stock = train(args, device, rank, world, timer)
         fast = npu_dispatch.NpuFastCopyMode()
-        losses_fast = train(args, device, rank, world, fast)
+        losses_fast, seconds_fast = train(args, device, rank, world, fast)
         if rank == 0:
             stats = fast.stats.as_dict()
             result = {
@@ -112,8 +122,8 @@ def worker(rank: int, world: int, port: int, args, out_path: str) -> None:
                 "fast_path_calls": fast.stats.fast_path_calls,
                 "fallback_calls": fast.stats.total_fallback_calls,
                 "fast_path_calls_by_op": {op: v["fast_calls"] for op, v in stats["ops"].items()},
-                "copy_in_seconds_stock": timer.seconds,
-                "copy_in_seconds_fast": sum(v["seconds"] for v in stats["ops"].values()),
+                "copy_in_seconds_stock": seconds_stock,
+                "copy_in_seconds_fast": seconds_fast,
                 "paths": stats["paths"],
                 "fallback_reasons": stats["fallback_reasons"],
                 "report": fast.stats.report(),
@@ -159,7 +169,7 @@ def main(argv=None) -> dict:
     print(f"\nlosses bitwise equal: {result['bitwise_equal']}")
     print(f"fast-path calls: {result['fast_path_calls']}, fallback calls: {result['fallback_calls']}\n")
     print(result["report"])
-    print(f"\ncopy-in host time on rank 0: stock {result['copy_in_seconds_stock'] * 1e3:.2f} ms, "
+    print(f"\ncopy-in host time on rank 0 after the first step: stock {result['copy_in_seconds_stock'] * 1e3:.2f} ms, "
           f"fast {result['copy_in_seconds_fast'] * 1e3:.2f} ms")
     return result
 

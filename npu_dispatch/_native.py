@@ -23,6 +23,7 @@ pushed again once torch_npu gets imported (plan.py builds it on first sight of a
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -190,6 +191,11 @@ def _load(verbose: bool = False) -> None:
         _fail(f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}")
         return
     _build_seconds = time.perf_counter() - start
+    # The C++ CPU kernel copies every CPU group of a call in one pass: one launch per group,
+    # where ATen's CPU _foreach_copy_ issues one copy_ per tensor.
+    cpu = capabilities.lookup_default("cpu")
+    capabilities.set_default("cpu", dataclasses.replace(
+        cpu, max_tensors_per_launch=1 << 30, source="npu_dispatch multi-tensor CPU kernel (csrc/)"))
     capabilities.on_change(push_capabilities)
     push_capabilities()
     _stats.add_drain(_drain_into)

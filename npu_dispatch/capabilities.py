@@ -182,6 +182,18 @@ def lookup(device_type: str) -> Capability | None:
     return cap
 
 
+def lookup_default(device_type: str) -> Capability | None:
+    """The default entry for ``device_type``, ignoring overrides."""
+    return _table.get(device_type)
+
+
+def set_default(device_type: str, cap: Capability) -> None:
+    """Replace a default entry (the native library does, for the CPU kernel it brings)."""
+    with _lock:
+        _table[device_type] = cap
+    _changed()
+
+
 def table() -> dict[str, Capability | None]:
     """The table in force now (defaults, then overrides), for reports."""
     merged: dict[str, Capability | None] = dict(_table)

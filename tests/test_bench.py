@@ -35,7 +35,7 @@ def test_quick_json_structure(quick_run, capsys):
     assert [r["name"] for r in result["workloads"]] == _ONLY
     tiny, overhead = result["workloads"]
 
-    assert set(tiny["times_us"]) == {"stock", "direct", "mode", "roofline"}
+    assert set(tiny["times_us"]) == {"stock", "direct", "mode", "bare_mode", "roofline"}
     assert set(overhead["times_us"]) == {"no_mode", "bare_mode", "mode"}
     for row in (tiny, overhead):
         for t in row["times_us"].values():
