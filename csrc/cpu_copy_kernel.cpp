@@ -23,6 +23,9 @@ namespace {
 constexpr int kOps = static_cast<int>(CopyOp::Count);
 // Destination bytes one thread takes at least; about ATen's GRAIN_SIZE elements of a 2-byte type.
 constexpr int64_t kGrainBytes = 64 * 1024;
+// Below this a pass runs on the calling thread: the data sits in cache and waking the OpenMP team
+// costs more than the copy (measured: 512 tensors, 327 KB in all, 44 us serial vs 68 us on 2).
+constexpr int64_t kParallelBytes = 512 * 1024;
 
 struct OpConfig {
   const ConvertFns* fns = nullptr;  // nullptr: refused, stock copies it
@@ -214,7 +217,7 @@ void CpuCopyBatch::run() {
       copy_range(items_[k], cfg, std::max(begin, start) - start, std::min(end, ends[k]) - start);
     }
   };
-  if (total <= kGrainBytes) {
+  if (total <= kParallelBytes) {
     body(0, total);
   } else {
     at::parallel_for(0, total, kGrainBytes, body);

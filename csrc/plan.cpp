@@ -1,11 +1,8 @@
 // Mirrors npu_dispatch/plan.py step by step: same checks in the same order, so the first failing
 // pair, the reason kinds and the runs/groups come out identical (tests/test_native.py compares).
-#include <Python.h>
-
 #include "plan.h"
 
 #include <ATen/MemoryOverlap.h>
-#include <c10/core/impl/PyObjectSlot.h>
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
 
@@ -16,19 +13,6 @@
 
 namespace npu_dispatch {
 namespace {
-
-// Written once at load (before any planning), read lock-free after.
-constexpr int kMaxPlainTypes = 4;
-std::atomic<intptr_t> g_plain_types[kMaxPlainTypes] = {};
-std::atomic<int> g_num_plain_types{0};
-
-bool plain_type(intptr_t type) {
-  const int n = g_num_plain_types.load(std::memory_order_acquire);
-  for (int k = 0; k < n; ++k) {
-    if (g_plain_types[k].load(std::memory_order_relaxed) == type) return true;
-  }
-  return false;
-}
 
 c10::DispatchKeySet wrapper_keys() {
   static const c10::DispatchKeySet ks({
@@ -43,20 +27,25 @@ c10::DispatchKeySet wrapper_keys() {
   return ks;
 }
 
-// plan.py sends tensors of other Python types than its plain ones to stock. Wrapper tensors
-// (functional, batched, zero, nested) go the same way: they have no raw memory to write, or
+// plan.py sends tensors with a __torch_dispatch__ of their own (the Python key: DTensor,
+// FakeTensor...) to stock; a Parameter or a __torch_function__-only subclass is a plain tensor.
+// Wrapper tensors (functional, batched, zero, nested) too: they have no raw memory to write, or
 // copy_ would change their metadata too.
 bool is_subclass(const at::Tensor& t) {
-  if (!t.defined() || t.key_set().has_any(wrapper_keys()) || t.is_nested()) {
-    return true;
-  }
-  if (g_num_plain_types.load(std::memory_order_relaxed) != 0) {
-    PyObject* obj = t.unsafeGetTensorImpl()->pyobj_slot()->load_pyobj();
-    if (obj != nullptr && !plain_type(reinterpret_cast<intptr_t>(Py_TYPE(obj)))) {
+  return !t.defined() || t.key_set().has_any(wrapper_keys()) || t.is_nested();
+}
+
+// Storage-less strided tensors (lazy, XLA) have no address to compare. has_storage() is a
+// virtual call, so skip it where every strided tensor has one.
+bool addressable(const at::Tensor& t) {
+  switch (t.device().type()) {
+    case c10::DeviceType::CPU:
+    case c10::DeviceType::CUDA:
+    case c10::DeviceType::PrivateUse1:
       return true;
-    }
+    default:
+      return t.has_storage();
   }
-  return false;
 }
 
 // plan.py _COPY_DTYPES: copy_ between these never raises; others (quantized, bits, float8...)
@@ -179,8 +168,8 @@ class Planner {
       const auto sd = s.device();
       if (dd.is_meta() || sd.is_meta()) return stock(Kind::Meta, i, 0);
       // Storage-less strided tensors (lazy/XLA) cannot be addressed: plan.py would fail there.
-      if (!d.has_storage()) return stock(Kind::Subclass, i, 2);
-      if (!s.has_storage()) return stock(Kind::Subclass, i, 3);
+      if (!addressable(d)) return stock(Kind::Subclass, i, 2);
+      if (!addressable(s)) return stock(Kind::Subclass, i, 3);
       if (!copy_dtype(d.scalar_type()) || !copy_dtype(s.scalar_type())) {
         return stock(Kind::MayRaise, i, 2);
       }
@@ -435,15 +424,6 @@ class Planner {
 
 }  // namespace
 
-void set_plain_tensor_types(const std::vector<int64_t>& type_objects) {
-  TORCH_CHECK(!type_objects.empty() && type_objects.size() <= kMaxPlainTypes,
-              "npu_dispatch: 1 to ", kMaxPlainTypes, " plain tensor types");
-  g_num_plain_types.store(0, std::memory_order_release);
-  for (size_t k = 0; k < type_objects.size(); ++k) {
-    g_plain_types[k].store(static_cast<intptr_t>(type_objects[k]), std::memory_order_relaxed);
-  }
-  g_num_plain_types.store(static_cast<int>(type_objects.size()), std::memory_order_release);
-}
 
 void check_lists(at::TensorList dsts, at::TensorList srcs) {
   TORCH_CHECK(!dsts.empty(), "Tensor list must have at least one tensor.");

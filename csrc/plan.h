@@ -58,10 +58,6 @@ struct Plan {
   int64_t fallback_launches = 0;
 };
 
-// The Python types plan.py treats as plain tensors (ids of the type objects: torch.Tensor...);
-// a tensor whose Python object has another type is a subclass. Until Python configures them,
-// only dispatch keys can tell.
-void set_plain_tensor_types(const std::vector<int64_t>& type_objects);
 
 // Plans without touching data. Lists must be non-empty and of equal length (check first).
 Plan build_plan(at::TensorList dsts, at::TensorList srcs, const CapabilityTable& caps);

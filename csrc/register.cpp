@@ -19,7 +19,7 @@
 namespace npu_dispatch {
 namespace {
 
-constexpr int64_t kAbiVersion = 1;
+constexpr int64_t kAbiVersion = 2;
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -64,10 +64,6 @@ void set_capabilities_op(std::vector<std::string> device_types, std::vector<int6
   set_capabilities(device_types, table, dtypes);
 }
 
-void configure_op(std::vector<int64_t> plain_tensor_types) {
-  set_plain_tensor_types(plain_tensor_types);
-}
-
 std::vector<int64_t> info_op() {
   auto out = kernel_counters();
   out.insert(out.begin(), kAbiVersion);
@@ -85,7 +81,6 @@ TORCH_LIBRARY_FRAGMENT(npu_dispatch, m) {
       "bool strict=False) -> int[]");
   m.def("_set_capabilities(str[] device_types, int[] table, ScalarType[] dtypes) -> ()",
         &set_capabilities_op);
-  m.def("_configure(int[] plain_tensor_types) -> ()", &configure_op);
   m.def("_self_check() -> int[]", &self_check);
   m.def("_native_info() -> int[]", &info_op);
   m.def("_drain_stats() -> int[]", &drain_direct);

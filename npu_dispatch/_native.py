@@ -40,7 +40,7 @@ __all__ = ["load", "available", "status", "build", "module", "planned_op", "self
 log = logging.getLogger("npu_dispatch")
 
 _NAME = "npu_dispatch_native"
-_ABI_VERSION = 1
+_ABI_VERSION = 2
 _SOURCES = (
     "capability_table.cpp",
     "plan.cpp",
@@ -185,7 +185,6 @@ def _load(verbose: bool = False) -> None:
         if abi != _ABI_VERSION:
             _fail(f"stale native library (ABI {abi}, expected {_ABI_VERSION})")
             return
-        ops._configure.default([id(t) for t in _plain_types()])
         _self_check = list(ops._self_check.default())
     except Exception as e:  # no compiler, failed build, failed load: the Python path serves
         _fail(f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}")
@@ -202,13 +201,6 @@ def _load(verbose: bool = False) -> None:
     _module = module
     _planned = module.foreach_copy_planned
     _reason = f"loaded {_NAME} ({_build_seconds:.1f}s to build or load)"
-
-
-def _plain_types() -> tuple:
-    # What plan.py treats as a plain tensor (PLAIN_TYPES if it names them, else torch.Tensor).
-    from . import plan
-
-    return tuple(getattr(plan, "PLAIN_TYPES", (torch.Tensor,)))
 
 
 def _fail(reason: str) -> None:

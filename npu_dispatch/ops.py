@@ -108,7 +108,9 @@ def foreach_copy_(
     Raises:
         RuntimeError: as stock (empty lists, unequal lengths, shapes that do not broadcast...).
     """
-    self, src = list(self), list(src)
+    # Lists pass as they are (the C++ entry reads them in place); other sequences are copied once.
+    self = self if type(self) is list else list(self)
+    src = src if type(src) is list else list(src)
     if not (_plain_call() and engine.foreach_copy(
         self, src, non_blocking, stats=_stats._GLOBAL, op="npu_dispatch.foreach_copy_", defer_if_grad=True
     )):

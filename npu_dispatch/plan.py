@@ -34,8 +34,14 @@ __all__ = ["Plan", "Run", "Group", "build_plan", "check_lists"]
 _Tensor = torch.Tensor
 _strided = torch.strided
 
-# Python types planned as plain tensors: a Parameter is a Tensor with no dispatch of its own.
-PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+_NO_DISPATCH = torch._C._disabled_torch_dispatch_impl
+
+
+def _own_dispatch(t) -> bool:
+    """Whether ``t``'s type has a ``__torch_dispatch__`` of its own (DTensor, FakeTensor...): then
+    the whole call stays stock. A Parameter or a ``__torch_function__``-only subclass is plain."""
+    kind = type(t)
+    return kind is not _Tensor and kind.__torch_dispatch__ is not _NO_DISPATCH
 
 # Dtypes whose copy_ never raises between each other. Others (quantized, bits, float8, uint16+,
 # complex32...) can raise for some pairs, after stock wrote the pairs before: whole call to stock.
@@ -232,10 +238,11 @@ def build_plan(
 
     for i in range(n):
         d, s = dsts[i], srcs[i]
-        if type(d) not in PLAIN_TYPES or type(s) not in PLAIN_TYPES:
-            bad, who = (d, "dst") if type(d) not in PLAIN_TYPES else (s, "src")
-            if not isinstance(bad, _Tensor):
-                return stock("not_tensor", f"{who}[{i}] is a {type(bad).__name__}, not a Tensor")
+        if not isinstance(d, _Tensor) or not isinstance(s, _Tensor):
+            bad, who = (d, "dst") if not isinstance(d, _Tensor) else (s, "src")
+            return stock("not_tensor", f"{who}[{i}] is a {type(bad).__name__}, not a Tensor")
+        if _own_dispatch(d) or _own_dispatch(s):
+            bad, who = (d, "dst") if _own_dispatch(d) else (s, "src")
             return stock("subclass", f"{who}[{i}] is a tensor subclass ({type(bad).__name__})")
         if d.is_nested or s.is_nested:
             who = "dst" if d.is_nested else "src"
