@@ -426,7 +426,8 @@ class Planner {
 
 
 void check_lists(at::TensorList dsts, at::TensorList srcs) {
-  TORCH_CHECK(!dsts.empty(), "Tensor list must have at least one tensor.");
+  // ATen check_foreach_api_restrictions: both lists non-empty, then equal lengths.
+  TORCH_CHECK(!dsts.empty() && !srcs.empty(), "Tensor list must have at least one tensor.");
   TORCH_CHECK(dsts.size() == srcs.size(), "Tensor lists must have the same number of tensors, got ",
               dsts.size(), " and ", srcs.size());
 }

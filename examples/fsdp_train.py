@@ -154,6 +154,8 @@ def main(argv=None) -> dict:
     p.add_argument("--device", choices=["cpu", "npu"], default="cpu")
     p.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
     args = p.parse_args(argv)
+    if args.device == "npu" and importlib.util.find_spec("torch_npu") is None:
+        p.error("--device npu needs torch_npu and Ascend CANN: pip install 'npu-dispatch[npu]'")
     with tempfile.TemporaryDirectory() as tmp:
         out_path = os.path.join(tmp, "result.json")
         mp.spawn(worker, args=(args.world_size, _free_port(), args, out_path), nprocs=args.world_size)

@@ -24,6 +24,7 @@ pushed again once torch_npu gets imported (plan.py builds it on first sight of a
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import os
 import sys
@@ -39,7 +40,7 @@ __all__ = ["load", "available", "status", "build", "module", "planned_op", "self
 
 log = logging.getLogger("npu_dispatch")
 
-_NAME = "npu_dispatch_native"
+_BASE_NAME = "npu_dispatch_native"
 _ABI_VERSION = 2
 _SOURCES = (
     "capability_table.cpp",
@@ -55,6 +56,13 @@ _SOURCES = (
     "python_entry.cpp",
 )
 _CFLAGS = ["-O3", "-Wno-psabi", "-fvisibility=hidden", "-fvisibility-inlines-hidden"]
+
+
+def _build_name(src: Path) -> str:
+    """One cache entry per source tree and torch build: two checkouts (or venvs) sharing
+    TORCH_EXTENSIONS_DIR would otherwise rebuild over each other on every load."""
+    key = f"{src.resolve()}|{torch.__version__}|{torch.__file__}".encode()
+    return f"{_BASE_NAME}_{hashlib.sha1(key).hexdigest()[:10]}"
 
 
 def _openmp_flags() -> tuple[list[str], list[str]]:
@@ -173,7 +181,7 @@ def _load(verbose: bool = False) -> None:
 
         omp_cflags, omp_ldflags = _openmp_flags()
         module = cpp_extension.load(
-            name=_NAME,
+            name=_build_name(src),
             sources=[str(src / s) for s in _SOURCES],
             extra_cflags=_CFLAGS + omp_cflags,
             extra_ldflags=omp_ldflags,
@@ -200,7 +208,7 @@ def _load(verbose: bool = False) -> None:
     _stats.add_drain(_drain_into)
     _module = module
     _planned = module.foreach_copy_planned
-    _reason = f"loaded {_NAME} ({_build_seconds:.1f}s to build or load)"
+    _reason = f"loaded {_build_name(src)} ({_build_seconds:.1f}s to build or load)"
 
 
 def _fail(reason: str) -> None:

@@ -60,7 +60,7 @@ _lib.impl("foreach_copy_", _foreach_copy_autograd, "Autograd")
 
 @torch.library.register_fake("npu_dispatch::foreach_copy_")
 def _foreach_copy_fake(self, src, non_blocking=False):
-    torch._check(len(self) > 0, lambda: "Tensor list must have at least one tensor.")
+    torch._check(len(self) > 0 and len(src) > 0, lambda: "Tensor list must have at least one tensor.")
     torch._check(
         len(self) == len(src),
         lambda: f"Tensor lists must have the same number of tensors, got {len(self)} and {len(src)}",

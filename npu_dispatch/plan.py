@@ -61,7 +61,7 @@ def check_lists(dsts: Sequence, srcs: Sequence) -> None:
     Raises:
         RuntimeError: an empty list, or lists of unequal length. Nothing is written.
     """
-    if len(dsts) == 0:
+    if len(dsts) == 0 or len(srcs) == 0:
         raise RuntimeError("Tensor list must have at least one tensor.")
     if len(dsts) != len(srcs):
         raise RuntimeError(

@@ -146,6 +146,7 @@ def test_all_gather_copy_in_errors_match_stock(args):
 
 BAD_CASES = {
     "empty": (lambda: ([], [])),
+    "empty_src": (lambda: ([torch.zeros(2)], [])),
     "unequal": (lambda: ([torch.zeros(2)], [torch.ones(2), torch.ones(2)])),
     "shape_midway": (lambda: ([torch.zeros(2), torch.zeros(3), torch.zeros(2)], [torch.ones(2), torch.ones(2), torch.ones(2)])),
     "expanded_dst": (lambda: ([torch.zeros(2), torch.zeros(1).expand(4)], [torch.ones(2), torch.arange(4.0)])),

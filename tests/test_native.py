@@ -435,9 +435,16 @@ def test_meta_tensors_take_the_stock_path():
 
 
 def test_list_errors_are_stocks():
-    for dsts, srcs, msg in [([], [], "at least one tensor"), ([torch.zeros(1)], [], "got 1 and 0")]:
-        with pytest.raises(RuntimeError, match=msg):
+    one, two = [torch.zeros(1)], [torch.zeros(1), torch.zeros(1)]
+    for dsts, srcs in [([], []), (one, []), ([], one), (one, two), (two, one)]:
+        with pytest.raises(RuntimeError) as stock:
+            torch._foreach_copy_(dsts, srcs)
+        with pytest.raises(RuntimeError) as ours:
             engine.foreach_copy(dsts, srcs, stats=nd.CopyStats())
+        assert str(ours.value) == str(stock.value)
+        with pytest.raises(RuntimeError) as native:
+            _native.planned_op()(dsts, srcs, False, False, True)
+        assert str(native.value).splitlines()[0] == str(stock.value)
 
 
 # ---- build ------------------------------------------------------------------------------------
