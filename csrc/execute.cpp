@@ -4,12 +4,19 @@
 #include <ATen/ops/as_strided.h>
 #include <ATen/ops/copy.h>
 #include <ATen/record_function.h>
+#include <c10/core/InferenceMode.h>
 
 #include "borrowed.h"
 #include "cpu_copy_kernel.h"
 
 namespace npu_dispatch {
 namespace {
+
+// npu_dispatch/plan.py INFERENCE_WRITE_ERROR: stock's message, word for word.
+constexpr const char* kInferenceWriteError =
+    "Inplace update to inference tensor outside InferenceMode is not allowed.You can make a clone "
+    "to get a normal tensor before doing inplace update.See https://github.com/pytorch/rfcs/pull/17 "
+    "for more details.";
 
 int64_t dst_bytes(const at::Tensor& t) {
   return t.numel() * static_cast<int64_t>(t.element_size());
@@ -28,15 +35,18 @@ class Executor {
            std::vector<int64_t>& v)
       : p_(p), dsts_(dsts), srcs_(srcs), non_blocking_(non_blocking), v_(v) {}
 
-  // Aliasing or a pair that may raise: stock's CPU kernel, a sequential copy_ loop, bumping each
-  // destination as it goes, so an error leaves the same pairs written and bumped as stock does.
-  // Subclasses, wrapper and meta tensors, other layouts: the stock op itself.
+  // Aliasing, a pair that may raise, meta tensors: stock's CPU kernel, a sequential copy_ loop,
+  // bumping each destination as it goes, so an error leaves the same pairs written and bumped as
+  // stock does. Subclasses, wrapper tensors, other layouts: the stock op itself.
   void stock(bool bump) {
     RECORD_FUNCTION("npu_dispatch::stock", std::vector<c10::IValue>());
-    if (p_.stock == Kind::Aliasing || p_.stock == Kind::MayRaise) {
+    if (p_.stock == Kind::Aliasing || p_.stock == Kind::MayRaise || p_.stock == Kind::Meta) {
+      const bool outside_inference = !c10::InferenceMode::is_enabled();
       for (size_t i = 0; i < dsts_.size(); ++i) {
         auto d = dsts_[i];
         d.copy_(srcs_[i], non_blocking_);
+        // Stock's version bump raises this, after the write; the executor runs below it.
+        TORCH_CHECK(!(outside_inference && d.is_inference()), kInferenceWriteError);
         if (bump && !d.is_inference()) d.unsafeGetTensorImpl()->bump_version();
       }
     } else {

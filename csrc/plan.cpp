@@ -3,6 +3,7 @@
 #include "plan.h"
 
 #include <ATen/MemoryOverlap.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
 
@@ -172,6 +173,9 @@ class Planner {
       if (!addressable(s)) return stock(Kind::Subclass, i, 3);
       if (!copy_dtype(d.scalar_type()) || !copy_dtype(s.scalar_type())) {
         return stock(Kind::MayRaise, i, 2);
+      }
+      if (d.is_inference() && !c10::InferenceMode::is_enabled()) {
+        return stock(Kind::MayRaise, i, 3);
       }
       Kind reason = Kind::None;
       int8_t sub = 0;

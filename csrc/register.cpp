@@ -19,7 +19,7 @@
 namespace npu_dispatch {
 namespace {
 
-constexpr int64_t kAbiVersion = 2;
+constexpr int64_t kAbiVersion = 3;
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -29,12 +29,6 @@ int64_t now_ns() {
 
 std::vector<int64_t> plan_op(at::TensorList self, at::TensorList src) {
   return plan_encoded(self, src);
-}
-
-// Python's engine passes bump=False here and bumps itself (the fast entry is in python_entry.cpp).
-std::vector<int64_t> foreach_copy_planned(at::TensorList self, at::TensorList src,
-                                          bool non_blocking, bool strict) {
-  return plan_and_run(self, src, non_blocking, strict, false);
 }
 
 void foreach_copy_kernel(at::TensorList self, at::TensorList src, bool non_blocking) {
@@ -76,9 +70,6 @@ std::vector<int64_t> info_op() {
 TORCH_LIBRARY_FRAGMENT(npu_dispatch, m) {
   using namespace npu_dispatch;
   m.def("_plan(Tensor[] self, Tensor[] src) -> int[]");
-  m.def(
-      "_foreach_copy_planned(Tensor(a!)[] self, Tensor[] src, bool non_blocking=False, "
-      "bool strict=False) -> int[]");
   m.def("_set_capabilities(str[] device_types, int[] table, ScalarType[] dtypes) -> ()",
         &set_capabilities_op);
   m.def("_self_check() -> int[]", &self_check);
@@ -90,7 +81,6 @@ TORCH_LIBRARY_FRAGMENT(npu_dispatch, m) {
 // every backend (meta included: the plan sends it to stock).
 TORCH_LIBRARY_IMPL(npu_dispatch, CompositeExplicitAutograd, m) {
   m.impl("_plan", &npu_dispatch::plan_op);
-  m.impl("_foreach_copy_planned", &npu_dispatch::foreach_copy_planned);
 }
 
 #define NPU_DISPATCH_REGISTER_BACKEND(KEY)                                      \

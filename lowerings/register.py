@@ -64,6 +64,10 @@ def _ops():
 _MISSING = object()
 
 
+def _rounds_away(x, out) -> bool:
+    return x.get_dtype() in (torch.bfloat16, torch.float16) and x.get_dtype() != out.get_dtype()
+
+
 def _dispatchers(prev: dict) -> dict:
     """Our lowering per op: pick a strategy per node, keep ``prev`` for what we decline."""
     from . import views
@@ -84,6 +88,12 @@ def _dispatchers(prev: dict) -> dict:
             log.info("npu_dispatch.lowerings: all_gather_copy_in kept stock: %s", why)
             return prev_or_fallback(copy_in)(inputs, out, split_sizes, numel, rank)
         s = _strategy.choose(_state["strategy"], out.get_device(), len(inputs), "all_gather_copy_in")
+        if s == "fused" and any(_rounds_away(x, out) for x in inputs):
+            # Inductor computes bf16/fp16 values in fp32 inside a kernel: fused into a write of
+            # another dtype, the rounding eager does when it stores the input would be lost.
+            log.info("npu_dispatch.lowerings: all_gather_copy_in -> native: a bf16/fp16 input "
+                     "written into a %s output", out.get_dtype())
+            s = "native"
         impl = fused.all_gather_copy_in if s == "fused" else native.all_gather_copy_in
         return impl(inputs, out, split_sizes, numel, rank)
 

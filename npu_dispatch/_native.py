@@ -8,8 +8,7 @@ later processes reuse the cached library. The library registers:
   (plan + execute, returns a fixed-size count vector) that ``engine`` calls once per copy: it
   reads the tensor lists without boxing them, which ``torch.ops`` would do tensor by tensor;
   ``plan(dsts, srcs)``, the plan as a tuple of ints (decoded by ``_native_plan``, for ``explain``);
-- ``npu_dispatch::_plan`` and
-  ``npu_dispatch::_foreach_copy_planned`` (the same as the function above, as an op);
+- ``npu_dispatch::_plan``, the plan as an op;
 - C++ kernels for ``npu_dispatch::foreach_copy_`` / ``all_gather_copy_in`` at CPU, CUDA and
   PrivateUse1, which win over the Python CompositeExplicitAutograd kernels of ``ops.py``.
 
@@ -27,6 +26,7 @@ import dataclasses
 import hashlib
 import logging
 import os
+import shutil
 import sys
 import threading
 import time
@@ -41,7 +41,7 @@ __all__ = ["load", "available", "status", "build", "module", "planned_op", "self
 log = logging.getLogger("npu_dispatch")
 
 _BASE_NAME = "npu_dispatch_native"
-_ABI_VERSION = 2
+_ABI_VERSION = 3
 _SOURCES = (
     "capability_table.cpp",
     "plan.cpp",
@@ -174,6 +174,10 @@ def _load(verbose: bool = False) -> None:
     src = _source_dir()
     if src is None:
         _fail("C++ sources (csrc/*.cpp) not found next to the package")
+        return
+    cxx = os.environ.get("CXX", "c++")
+    if shutil.which(cxx) is None:
+        _fail(f"no C++ compiler: {cxx!r} not found (install one, or set CXX)")
         return
     start = time.perf_counter()
     try:

@@ -11,7 +11,7 @@ from typing import Sequence
 import torch
 
 from . import capabilities
-from .plan import Group, Plan, Run, _dt, _odd_dtype_text
+from .plan import Group, Plan, Run, _dt, _inference_text, _odd_dtype_text
 from .stats import PATHS
 
 __all__ = ["KINDS", "decode_plan", "decode_counts", "native_plan", "EXECUTED", "BLOCKED", "DEFERRED"]
@@ -67,6 +67,8 @@ def _stock_text(kind: str, a: int, b: int, sub: int, dsts, srcs) -> str:
             )
         if sub == 2:
             return _odd_dtype_text(a, s.dtype, d.dtype)
+        if sub == 3:
+            return _inference_text(a)
         return f"dst[{a}] has internal overlap: stock raises there"
     if kind == "aliasing":
         return (

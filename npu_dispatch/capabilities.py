@@ -151,7 +151,9 @@ def _defaults() -> dict[str, Capability]:
     }
 
 
-_lock = threading.Lock()
+# Reentrant: listeners run under it (they read table()), so a change and its push to C++ are one
+# step and two threads' pushes cannot land out of order.
+_lock = threading.RLock()
 _table: dict[str, Capability] = _defaults()
 _overrides: list[Mapping[str, Capability | None]] = []
 # Called after every override enter/exit: the native planner keeps a pushed copy of the table.
@@ -191,7 +193,7 @@ def set_default(device_type: str, cap: Capability) -> None:
     """Replace a default entry (the native library does, for the CPU kernel it brings)."""
     with _lock:
         _table[device_type] = cap
-    _changed()
+        _changed()
 
 
 def table() -> dict[str, Capability | None]:
@@ -209,14 +211,16 @@ def override(entries: Mapping[str, Capability | None]) -> Iterator[None]:
 
     Example: ``with override({"cpu": npu_capability("8.0.RC3")}):`` makes CPU tensors follow the
     npu rules of CANN 8.0, so the npu planner decisions can be tested without an NPU.
+
+    The table is process-wide: while the block runs, every thread plans with the override.
     """
     layer = dict(entries)
     with _lock:
         _overrides.append(layer)
-    try:
         _changed()
+    try:
         yield
     finally:
         with _lock:
             _overrides.remove(layer)
-        _changed()
+            _changed()

@@ -2,8 +2,8 @@
 
 Shared by ``NpuFastCopyMode`` and the direct ops. Two implementations of one contract:
 
-- native (``_native.load()`` succeeded): one call to ``npu_dispatch::_foreach_copy_planned``,
-  which plans and executes in C++ (``csrc/``) and returns a fixed-size count vector, so the
+- native (``_native.load()`` succeeded): one call to the C++ entry ``foreach_copy_planned``
+  (csrc/python_entry.cpp), which plans and executes in C++ (``csrc/``) and returns a fixed-size count vector, so the
   Python work per call does not grow with the number of tensors;
 - Python (no compiler, failed build, ``NPU_DISPATCH_NATIVE=0``): ``plan.build_plan`` and
   ``_execute`` below. Slower per tensor, same results.
@@ -77,10 +77,13 @@ def _nbytes(tensors: Sequence[torch.Tensor], idx: list[int]) -> int:
 
 def _stock(p: _plan.Plan, dsts, srcs, non_blocking: bool, bump: bool) -> None:
     """A whole-stock plan, bumping version counters as stock does (see plan.py)."""
-    if p.stock_reason[0] in ("aliasing", "may_raise"):
+    if p.stock_reason[0] in ("aliasing", "may_raise", "meta"):
         # Stock's CPU kernel: a copy_ loop; an error leaves the earlier pairs written and bumped.
+        outside_inference = not torch.is_inference_mode_enabled()
         for d, s in zip(dsts, srcs):
             d.copy_(s, non_blocking=non_blocking)
+            if outside_inference and d.is_inference():  # stock's version bump raises, after the write
+                raise RuntimeError(_plan.INFERENCE_WRITE_ERROR)
             if bump:
                 torch.autograd.graph.increment_version(d)
         return
@@ -151,7 +154,9 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 def _verify(p: _plan.Plan, dsts, srcs, non_blocking, run) -> None:
     """Run stock on clones of the destinations, then ours, and compare every bit."""
-    ref = [d.clone() for d in dsts]
+    # Same sizes and strides as each destination: stock's CPU copy picks its kernel (and with it
+    # NaN bits) from the layout, and clone() would make a strided destination contiguous.
+    ref = [torch.empty_strided(d.shape, d.stride(), dtype=d.dtype, device=d.device).copy_(d) for d in dsts]
     _aten_foreach_copy_(ref, srcs, non_blocking)
     run()
     for i, (d, r) in enumerate(zip(dsts, ref)):

@@ -60,11 +60,10 @@ _lib.impl("foreach_copy_", _foreach_copy_autograd, "Autograd")
 
 @torch.library.register_fake("npu_dispatch::foreach_copy_")
 def _foreach_copy_fake(self, src, non_blocking=False):
-    torch._check(len(self) > 0 and len(src) > 0, lambda: "Tensor list must have at least one tensor.")
-    torch._check(
-        len(self) == len(src),
-        lambda: f"Tensor lists must have the same number of tensors, got {len(self)} and {len(src)}",
-    )
+    # Also the Meta kernel, which a list mixing meta and real tensors dispatches to: the stock op
+    # gives both cases their stock semantics (shape checks under FakeTensor, real copies and
+    # "Cannot copy out of meta tensor" with real tensors).
+    torch.ops.aten._foreach_copy_.default(self, src, non_blocking)
     return None
 
 

@@ -11,8 +11,8 @@ Paths, in the order the executor issues them:
 - ``stock``: the whole call keeps stock's semantics. When reordering could change the result (a
   destination overlaps another tensor of the call) or stock could raise midway, it runs as stock's
   CPU kernel does, a sequential ``copy_`` loop bumping each destination as it goes, so the same
-  pairs are written (and bumped) before the same error; tensor subclasses, wrapper and meta
-  tensors and other layouts go to the stock op itself.
+  pairs are written (and bumped) before the same error; meta tensors too. Tensor subclasses,
+  wrapper tensors and other layouts go to the stock op itself.
 - ``empty``: zero-element pairs; stock ``copy_`` does nothing for them either.
 
 Fast-route rules mirror ATen ``can_use_fast_route`` (``aten/src/ATen/native/ForeachUtils.h``):
@@ -46,6 +46,19 @@ def _own_dispatch(t) -> bool:
 # Dtypes whose copy_ never raises between each other. Others (quantized, bits, float8, uint16+,
 # complex32...) can raise for some pairs, after stock wrote the pairs before: whole call to stock.
 _COPY_DTYPES = capabilities.COPY_DTYPES
+
+
+# Stock's error for an in-place write into an inference tensor outside inference_mode (checked by
+# autograd, which the fast path runs below, so the stock loop raises it itself).
+INFERENCE_WRITE_ERROR = (
+    "Inplace update to inference tensor outside InferenceMode is not allowed.You can make a clone "
+    "to get a normal tensor before doing inplace update.See https://github.com/pytorch/rfcs/pull/17 "
+    "for more details."
+)
+
+
+def _inference_text(i: int) -> str:
+    return f"dst[{i}] is an inference tensor outside inference_mode: stock raises there"
 
 
 def _odd_dtype_text(i: int, sdt: torch.dtype, ddt: torch.dtype) -> str:
@@ -255,6 +268,8 @@ def build_plan(
             return stock("meta", f"pair {i} has a meta tensor")
         if d.dtype not in _COPY_DTYPES or s.dtype not in _COPY_DTYPES:
             return stock("may_raise", _odd_dtype_text(i, s.dtype, d.dtype))
+        if d.is_inference() and not torch.is_inference_mode_enabled():
+            return stock("may_raise", _inference_text(i))
         dshape = d.shape
         if dshape != s.shape:
             try:

@@ -1,6 +1,7 @@
 import os
 import sys
 
+import torch.distributed.fsdp  # noqa: F401  registers fsdp::all_gather_copy_in, the stock reference
 from hypothesis import settings
 
 sys.path.insert(0, os.path.dirname(__file__))

@@ -186,3 +186,23 @@ def test_backend_by_name_scopes_the_lowerings():
     torch._dynamo.reset()
     _, code = run_and_get_code(torch.compile(f, backend="inductor"), sh, out)
     assert FALLBACK in code[0]
+
+
+def _bf16_inputs_into_fp32_output(b):
+    flat = torch.empty(5, dtype=torch.bfloat16)
+    sp = torch.split(flat, [2, 3])
+    torch._foreach_copy_(sp, [b[:2], b[2:]])
+    _, out = torch.ops.fsdp.all_gather_copy_in(list(sp), torch.zeros(10), [2, 3], 5, 1)
+    return out * 1
+
+
+@pytest.mark.parametrize("lowering", ["fused", "native", "auto"])
+def test_narrow_inputs_keep_their_rounding_in_a_wider_output(lowering):
+    # Eager rounds the fp32 values to bf16 when the cast stores them; a fused write into the fp32
+    # output must not skip that rounding.
+    b = torch.randn(5, generator=torch.Generator().manual_seed(0))
+    ref = _bf16_inputs_into_fp32_output(b)
+    ndl.register(lowering)
+    torch._dynamo.reset()
+    got = torch.compile(_bf16_inputs_into_fp32_output, fullgraph=True)(b)
+    assert_same_bits(got, ref)

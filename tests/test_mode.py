@@ -345,7 +345,7 @@ def _both(make, call=None):
             err = None
         except Exception as e:
             err = (type(e), str(e))
-        out.append((err, [bits(t) for t in d], [t._version for t in d]))
+        out.append((err, [bits(t) for t in d], [None if t.is_inference() else t._version for t in d]))
     return out
 
 
@@ -457,3 +457,13 @@ def test_cpu_zero_dim_cross_dtype_nan_matches_stock():
         return [buf[k] for k in range(4)], [src[k] for k in range(4)]
 
     _assert_parity(*_both(make))
+
+
+def test_inference_tensor_destination_outside_inference_mode_raises_like_stock():
+    def make():
+        with torch.inference_mode():
+            d0 = torch.zeros(3)
+        return [torch.zeros(2), d0, torch.zeros(4)], [torch.ones(2), torch.ones(3), torch.ones(4)]
+
+    _assert_parity(*_both(make))
+    _assert_parity(*_both(make, lambda d, s: nd.foreach_copy_(d, s)))

@@ -428,10 +428,30 @@ def test_direct_op_leaves_grad_requiring_copies_to_autograd():
     assert passes() == before + 1 and torch.equal(leaf.detach(), torch.ones(3))
 
 
-def test_meta_tensors_take_the_stock_path():
-    d = [torch.empty(3, device="meta")]
-    nd.foreach_copy_(d, [torch.empty(3, device="meta")])
-    torch.ops.npu_dispatch._foreach_copy_planned.default(d, [torch.empty(3, device="meta")])
+@pytest.mark.parametrize("make", [
+    lambda: ([torch.empty(3, device="meta")], [torch.empty(3, device="meta")]),
+    lambda: ([torch.zeros(3), torch.empty(3, device="meta")], [torch.ones(3), torch.ones(3)]),
+    lambda: ([torch.zeros(3), torch.zeros(3)], [torch.ones(3), torch.empty(3, device="meta")]),
+])
+def test_meta_tensors_take_the_stock_path(make):
+    outcomes = []
+    for fn in (torch._foreach_copy_, nd.foreach_copy_, torch.ops.npu_dispatch.foreach_copy_):
+        d, s = make()
+        try:
+            fn(d, s)
+            err = None
+        except Exception as e:
+            err = (type(e), str(e))
+        outcomes.append((err, [None if t.is_meta else (bits(t), t._version) for t in d]))
+    stock = outcomes[0]
+    for ours in outcomes[1:]:
+        assert ours[0] == stock[0]
+        assert len(ours[1]) == len(stock[1])
+        for a, b in zip(stock[1], ours[1]):
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert torch.equal(a[0], b[0]) and a[1] == b[1]
+    assert native_plan(*make()).stock_reason[0] == "meta"
 
 
 def test_list_errors_are_stocks():
@@ -470,10 +490,8 @@ def test_wide_vector_code_stays_in_the_per_isa_namespaces():
     # CPUs without that ISA; every function using 256/512-bit registers must be ours.
     import glob
 
-    from torch.utils.cpp_extension import _get_build_directory
 
-    so = glob.glob(os.path.join(_get_build_directory("npu_dispatch_native", False), "*.so"))
-    assert so
+    so = [_native.module().__file__]
     dis = subprocess.run(["objdump", "-d", "-C", "--no-show-raw-insn", so[0]], capture_output=True, text=True).stdout
     fn, offenders = None, set()
     for line in dis.splitlines():
