@@ -68,13 +68,15 @@ def _build_name(src: Path) -> str:
 def _openmp_flags() -> tuple[list[str], list[str]]:
     """at::parallel_for is inline OpenMP in ATen's headers: without -fopenmp it runs serially.
 
-    Link the libgomp that torch ships (its soname is already loaded by torch), never a second
-    OpenMP runtime; a torch built without OpenMP gets no flags.
+    Link the libgomp that torch ships (its soname is already loaded by torch, so no second OpenMP
+    runtime appears); where a torch with OpenMP ships none, -fopenmp links the compiler's, as
+    torch's own extensions do. A torch built without OpenMP gets no flags.
     """
     if "OpenMP" not in torch.__config__.parallel_info():
         return [], []
     gomp = Path(torch.__file__).parent / "lib" / "libgomp.so.1"
     return ["-fopenmp"], ([str(gomp)] if gomp.is_file() else ["-fopenmp"])
+
 
 _lock = threading.RLock()
 _tried = False

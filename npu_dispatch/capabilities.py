@@ -9,8 +9,10 @@ Sources mirrored:
   fp32<->fp16 and fp32<->bf16 from CANN 9.1).
 - cuda: ATen ``ForeachBinaryOpList.cu`` ``_foreach_copy_`` (``multi_tensor_apply``, 110 tensor
   pairs a launch for depth-2 lists; src and dst dtypes may differ).
-- cpu: ATen runs ``_foreach_copy_`` as a per-tensor loop of ``copy_``; every pair is "supported"
-  because the executor uses ``copy_`` itself, so bits cannot differ.
+- cpu: ATen runs ``_foreach_copy_`` as a per-tensor loop of ``copy_``. Every pair is "supported":
+  the Python executor uses ``copy_`` itself; the C++ kernel (csrc/) copies same-dtype pairs as
+  bytes and converts fp32<->bf16/fp16 with ATen's own vectorized routines, each conversion checked
+  bit for bit against stock when the library loads, and hands every other pair to stock.
 """
 from __future__ import annotations
 
