@@ -66,3 +66,28 @@ def test_mode_counts_our_ops_as_compiled_code_calls_them():
     with mode:
         nd.foreach_copy_([torch.empty(3)], [torch.ones(3)])
     assert mode.stats.fast_calls["npu_dispatch.foreach_copy_"] == 1
+
+
+@pytest.mark.parametrize("call", [nd.foreach_copy_, torch.ops.npu_dispatch.foreach_copy_.default])
+def test_autograd_behaves_as_stock(call):
+    # An in-place write into a leaf that requires grad raises stock's error.
+    leaf = torch.zeros(3, requires_grad=True)
+    with pytest.raises(RuntimeError) as stock:
+        torch._foreach_copy_([leaf], [torch.ones(3)])
+    with pytest.raises(RuntimeError) as ours:
+        call([leaf], [torch.ones(3)])
+    assert str(ours.value) == str(stock.value)
+    # A source that requires grad: the destination joins the graph as with stock (whose backward
+    # is "not implemented" for _foreach_copy_: the same error must come out of ours).
+    outcomes = []
+    for fn in (torch._foreach_copy_, call):
+        src = torch.arange(3.0, requires_grad=True)
+        dst = torch.zeros(3)
+        fn([dst], [src])
+        try:
+            dst.sum().backward()
+            err = None
+        except RuntimeError as e:
+            err = str(e)
+        outcomes.append((dst.requires_grad, err, src.grad))
+    assert outcomes[1][:2] == outcomes[0][:2] and outcomes[0][0] is True
