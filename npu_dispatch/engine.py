@@ -21,7 +21,7 @@ from typing import Sequence
 
 import torch
 
-from . import _native
+from . import _native, capabilities
 from . import plan as _plan
 from ._native_plan import BLOCKED, DEFERRED, decode_counts, native_plan
 from .errors import FastCopyFallbackError, FastCopyMismatchError
@@ -57,12 +57,9 @@ def _range(name: str):
 
 # CPU dtype pairs whose stock copy converts each element alike wherever it sits: a byte copy, or
 # ATen's vectorized fp32<->bf16 (partial vectors at the tail, no scalar path).
-_CPU_FLAT_OK = frozenset(
-    [(d, d) for d in (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-                      torch.float16, torch.bfloat16, torch.float32, torch.float64,
-                      torch.complex64, torch.complex128)]
-    + [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32)]
-)
+_CPU_FLAT_OK = frozenset((d, d) for d in capabilities.COPY_DTYPES) | {
+    (torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32)
+}
 
 
 def _cpu_flat_ok(r: _plan.Run, dsts, src_dtype: torch.dtype, dst_dtype: torch.dtype) -> bool:
@@ -213,11 +210,8 @@ def foreach_copy(
             torch.autograd.graph.increment_version(dsts)
     else:
         # One C++ call: plan, copies (below ADInplaceOrView) and the version bumps.
-        _local.depth = getattr(_local, "depth", 0) + 1
-        try:
+        with _inside():
             v = planned(dsts, srcs, non_blocking, strict, bump, defer_if_grad)
-        finally:
-            _local.depth -= 1
         flags, counts, reasons = decode_counts(v)
         if flags & DEFERRED:
             return False
@@ -301,8 +295,12 @@ def all_gather_copy_in(
     into the splits. Returns ``(all_gather_input, all_gather_output)``; the first is a view of the
     second. Narrow and split raise stock's errors, before anything is written.
     """
-    all_gather_input = all_gather_output.narrow(0, all_gather_input_numel * rank, all_gather_input_numel)
-    dsts = torch.split(all_gather_input, inp_split_sizes)
+    # The views must carry autograd view metadata (``_base``) as stock's do; inside a dispatch
+    # mode's handler ADInplaceOrView is excluded, so let it run for narrow and split.
+    exclude = torch._C._dispatch_tls_local_exclude_set().remove(torch._C.DispatchKey.ADInplaceOrView)
+    with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude):
+        all_gather_input = all_gather_output.narrow(0, all_gather_input_numel * rank, all_gather_input_numel)
+        dsts = torch.split(all_gather_input, inp_split_sizes)
     with torch.no_grad():
         foreach_copy(dsts, all_gather_inputs, False, stats=stats, op=op, strict=strict, verify=verify)
     return all_gather_input, all_gather_output

@@ -17,7 +17,6 @@ __all__ = ["NpuFastCopyMode"]
 
 log = logging.getLogger("npu_dispatch")
 aten = torch.ops.aten
-_K = torch._C.DispatchKey
 
 _FSDP_SCHEMA = ("all_gather_inputs", "all_gather_output", "inp_split_sizes", "all_gather_input_numel", "rank")
 
@@ -49,17 +48,7 @@ def _like(d: torch.Tensor) -> torch.Tensor:
 
 def _all_gather_copy_in(mode, op, args, kwargs):
     bound = list(args) + [kwargs[k] for k in _FSDP_SCHEMA[len(args):]]
-    inputs, out, split_sizes, numel, rank = bound
-    # Views made here must carry autograd view metadata (``_base``) as stock's do, so let
-    # ADInplaceOrView run for narrow/split.
-    exclude = torch._C._dispatch_tls_local_exclude_set().remove(_K.ADInplaceOrView)
-    with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude):
-        all_gather_input = out.narrow(0, numel * rank, numel)
-        dsts = torch.split(all_gather_input, split_sizes)
-    with torch.no_grad():
-        engine.foreach_copy(dsts, inputs, False, stats=mode.stats, op=op,
-                            strict=mode.strict, verify=mode.verify)
-    return all_gather_input, out
+    return engine.all_gather_copy_in(*bound, stats=mode.stats, op=op, strict=mode.strict, verify=mode.verify)
 
 
 def _fsdp_op():
