@@ -5,6 +5,7 @@
 
 #include "capability_table.h"
 #include "execute.h"
+#include "fast_lane.h"
 #include "plan.h"
 
 namespace npu_dispatch {
@@ -33,7 +34,12 @@ std::vector<int64_t> plan_and_run(at::TensorList dsts, at::TensorList srcs, bool
   {
     at::AutoDispatchBelowADInplaceOrView below;
     const auto caps = current_capabilities();
-    counts = execute(build_plan(dsts, srcs, *caps), dsts, srcs, non_blocking, strict, bump);
+    FastLane lane;
+    if (lane.prepare(dsts, srcs, *caps)) {
+      counts = lane.run();  // all pairs fast: nothing for strict to block
+    } else {
+      counts = execute(build_plan(dsts, srcs, *caps), dsts, srcs, non_blocking, strict, bump);
+    }
   }
   // Inference tensors have no version counter; torch.autograd.graph.increment_version skips
   // them the same way. Other tensors move even inside inference_mode, as with stock.

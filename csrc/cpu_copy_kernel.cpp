@@ -23,9 +23,11 @@ namespace {
 constexpr int kOps = static_cast<int>(CopyOp::Count);
 // Destination bytes one thread takes at least; about ATen's GRAIN_SIZE elements of a 2-byte type.
 constexpr int64_t kGrainBytes = 64 * 1024;
-// Below this a pass runs on the calling thread: the data sits in cache and waking the OpenMP team
-// costs more than the copy (measured: 512 tensors, 327 KB in all, 44 us serial vs 68 us on 2).
-constexpr int64_t kParallelBytes = 512 * 1024;
+// Bytes read plus written at or below which a pass runs on the calling thread: ATen's copy_
+// goes parallel above GRAIN_SIZE elements (32768 fp32 read and written: 256 KB). Measured on
+// the 2-core CI machine with the lane (tiny_many 327 KB, adjacent 457 KB, small_many 914 KB):
+// parallel passes took 12 to 32 % less time than serial ones.
+constexpr int64_t kParallelMovedBytes = 256 * 1024;
 
 struct OpConfig {
   const ConvertFns* fns = nullptr;  // nullptr: refused, stock copies it
@@ -49,6 +51,16 @@ const Config* published_config() {
   static const Config none{};
   const Config* c = g_config.load(std::memory_order_acquire);
   return c != nullptr ? c : &none;
+}
+
+// Bytes per unit of WorkItem::n on each side (a Memcpy item counts bytes).
+int64_t src_size(CopyOp op) {
+  switch (op) {
+    case CopyOp::Memcpy: return 1;
+    case CopyOp::BF16ToF32:
+    case CopyOp::F16ToF32: return 2;
+    default: return 4;
+  }
 }
 
 int64_t dst_size(CopyOp op) {
@@ -171,6 +183,34 @@ bool CpuCopyBatch::add_pair(const at::Tensor& dst, const at::Tensor& src) {
   return true;
 }
 
+bool CpuCopyBatch::route(at::ScalarType src, at::ScalarType dst, CopyOp* op, bool* mergeable) const {
+  if (!op_for(src, dst, op)) return false;
+  if (*op == CopyOp::Memcpy) {
+    *mergeable = true;
+    return true;
+  }
+  const auto& cfg = config_->ops[static_cast<int>(*op)];
+  if (cfg.fns == nullptr) return false;
+  // As add_run: FBGEMM's fp16->fp32 tails sit where each pair ends.
+  *mergeable = !(*op == CopyOp::F16ToF32 && cfg.fbgemm_split);
+  return true;
+}
+
+void CpuCopyBatch::add_contiguous(char* dst, const char* src, int64_t numel, size_t dst_itemsize,
+                                  CopyOp op, bool extend) {
+  const int64_t n = op == CopyOp::Memcpy ? numel * static_cast<int64_t>(dst_itemsize) : numel;
+  if (op == CopyOp::F16ToF32 && config_->ops[static_cast<int>(op)].fbgemm_split) {
+    add_fbgemm_chunks(&items_, dst, src, numel);
+    return;
+  }
+  if (extend) {
+    items_.back().n += n;
+    items_.back().exact_len += n;
+    return;
+  }
+  items_.push_back({dst, src, n, n, op});
+}
+
 bool CpuCopyBatch::add_run(at::TensorList dsts, at::TensorList srcs, const int64_t* members,
                            int64_t count, int64_t numel) {
   const auto& d0 = dsts[members[0]];
@@ -204,11 +244,13 @@ void CpuCopyBatch::run() {
   if (items_.empty()) return;
   const Config& cfg = *config_;
   std::vector<int64_t> ends(items_.size());
-  int64_t total = 0;
+  int64_t total = 0, moved = 0;
   for (size_t k = 0; k < items_.size(); ++k) {
     total += items_[k].n * dst_size(items_[k].op);
+    moved += items_[k].n * src_size(items_[k].op);
     ends[k] = total;
   }
+  moved += total;
   auto body = [&](int64_t begin, int64_t end) {
     size_t k = std::upper_bound(ends.begin(), ends.end(), begin) - ends.begin();
     for (; k < items_.size(); ++k) {
@@ -217,7 +259,7 @@ void CpuCopyBatch::run() {
       copy_range(items_[k], cfg, std::max(begin, start) - start, std::min(end, ends[k]) - start);
     }
   };
-  if (total <= kParallelBytes) {
+  if (moved <= kParallelMovedBytes) {
     body(0, total);
   } else {
     at::parallel_for(0, total, kGrainBytes, body);

@@ -32,6 +32,13 @@ class CpuCopyBatch {
   // A coalesced run of contiguous pairs, as one entry where the conversion is position-free.
   bool add_run(at::TensorList dsts, at::TensorList srcs, const int64_t* members, int64_t count,
                int64_t numel);
+  // The fast lane's steps (fast_lane.cpp). route: the op for a dtype pair, false where this
+  // kernel does not reproduce stock's bits; `mergeable` when adjacent pairs may share one item.
+  bool route(at::ScalarType src, at::ScalarType dst, CopyOp* op, bool* mergeable) const;
+  // One contiguous pair of `numel` (> 0) elements of `dst_itemsize` bytes; with `extend` it
+  // continues the last item (adjacent in memory, same op, route said mergeable).
+  void add_contiguous(char* dst, const char* src, int64_t numel, size_t dst_itemsize, CopyOp op,
+                      bool extend);
   void run();
   bool empty() const { return items_.empty(); }
 

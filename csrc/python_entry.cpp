@@ -1,13 +1,21 @@
 // The engine's per-call entry from Python. A torch.ops call boxes every tensor into an IValue
 // and unboxes it into a fresh std::vector (a refcount bump, and a GIL round trip, per tensor);
 // here the lists are read straight from the Python objects and the tensors only borrowed.
+#include <ATen/PythonTorchFunctionTLS.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <chrono>
 #include <vector>
 
 #include "borrowed.h"
+#include "capability_table.h"
 #include "copy_call.h"
+#include "fast_lane.h"
+#include "native_stats.h"
 
 namespace {
 
@@ -89,6 +97,112 @@ PyObject* foreach_copy_planned(PyObject* /*self*/, PyObject* const* args, Py_ssi
   END_HANDLE_TH_ERRORS
 }
 
+// Above this many destination bytes the lane's copy drops the GIL (and then holds references
+// to the list items, which another thread may take out of the lists meanwhile); below it the
+// pass takes a few microseconds.
+constexpr int64_t kReleaseGilBytes = 512 * 1024;
+
+// Nothing between the caller and the kernel would act on the op: no dispatch mode, no torch
+// function mode, no extra key switched on for this thread (functorch layers, Python key...).
+bool plain_context() {
+  if (c10::impl::TorchDispatchModeTLS::stack_len() != 0 || at::impl::torch_function_mode_enabled()) {
+    return false;
+  }
+  static const c10::DispatchKeySet usual({c10::DispatchKey::BackendSelect, c10::DispatchKey::ADInplaceOrView});
+  return (c10::impl::tls_local_dispatch_key_set().included_ - usual).empty();
+}
+
+bool unpack_impls(PyObject* list, c10::TensorImpl** out) {
+  const Py_ssize_t n = PyList_GET_SIZE(list);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* o = PyList_GET_ITEM(list, i);
+    if (!THPVariable_CheckExact(o)) return false;
+    c10::TensorImpl* impl = THPVariable_Unpack(o).unsafeGetTensorImpl();
+    // The lane reads about three cache lines of each TensorImpl; fetching them all now lets the
+    // misses overlap instead of stalling the lane pair by pair.
+    __builtin_prefetch(impl);
+    __builtin_prefetch(reinterpret_cast<const char*>(impl) + 64);
+    __builtin_prefetch(reinterpret_cast<const char*>(impl) + 128);
+    out[i] = impl;
+  }
+  return true;
+}
+
+// foreach_copy_direct(dsts: list, srcs: list, non_blocking) -> bool
+// The public npu_dispatch.foreach_copy_ on the fast lane, counted in the direct op's stats.
+// False, with nothing written, when the call needs the general path (anything the lane
+// refuses, errors included: that path raises stock's).
+PyObject* foreach_copy_direct(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 3) {
+    PyErr_SetString(PyExc_TypeError, "foreach_copy_direct(dsts, srcs, non_blocking)");
+    return nullptr;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  PyObject* dl = args[0];
+  PyObject* sl = args[1];
+  if (!PyList_CheckExact(dl) || !PyList_CheckExact(sl) || PyList_GET_SIZE(dl) == 0 ||
+      PyList_GET_SIZE(dl) != PyList_GET_SIZE(sl) || !plain_context()) {
+    Py_RETURN_FALSE;
+  }
+  // The GIL stays held from here to the copy (or the references below are taken), so the
+  // lists cannot change under the raw TensorImpl pointers.
+  const size_t n = static_cast<size_t>(PyList_GET_SIZE(dl));
+  std::vector<c10::TensorImpl*> impls(2 * n);
+  if (!unpack_impls(dl, impls.data()) || !unpack_impls(sl, impls.data() + n)) Py_RETURN_FALSE;
+  npu_dispatch::FastLane lane;
+  if (!lane.prepare(impls.data(), impls.data() + n, n, *npu_dispatch::current_capabilities(),
+                    c10::GradMode::is_enabled())) {
+    Py_RETURN_FALSE;
+  }
+  std::vector<int64_t> counts;
+  if (lane.bytes() > kReleaseGilBytes) {
+    PyRefs refs;
+    refs.reserve(2 * n);
+    for (size_t i = 0; i < n; ++i) {
+      refs.add(PyList_GET_ITEM(dl, i));
+      refs.add(PyList_GET_ITEM(sl, i));
+    }
+    pybind11::gil_scoped_release no_gil;
+    counts = lane.run();
+  } else {
+    counts = lane.run();
+  }
+  // One bump per listed destination, as stock's in-place op (the lane took no inference tensor).
+  for (size_t i = 0; i < n; ++i) impls[i]->bump_version();
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
+  npu_dispatch::record_direct(npu_dispatch::kOpForeachCopy, counts, ns.count());
+  Py_RETURN_TRUE;
+  END_HANDLE_TH_ERRORS
+}
+
+// touch_pairs(dsts: list, srcs: list) -> None. The benchmark's per-pair floor (npu_dispatch/bench):
+// what any exact foreach copy repeats per pair on top of the bytes it moves (read both tensors'
+// addresses and sizes, bump the destination's version counter), and nothing more. Not a copy.
+PyObject* touch_pairs(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 2 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[1]) ||
+      PyList_GET_SIZE(args[0]) != PyList_GET_SIZE(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "touch_pairs(dsts: list, srcs: list) of equal lengths");
+    return nullptr;
+  }
+  const size_t n = static_cast<size_t>(PyList_GET_SIZE(args[0]));
+  std::vector<c10::TensorImpl*> impls(2 * n);
+  if (!unpack_impls(args[0], impls.data()) || !unpack_impls(args[1], impls.data() + n)) {
+    PyErr_SetString(PyExc_TypeError, "touch_pairs takes plain tensors");
+    return nullptr;
+  }
+  uintptr_t sink = 0;
+  for (size_t i = 0; i < 2 * n; ++i) {
+    const c10::TensorImpl* t = impls[i];
+    sink += reinterpret_cast<uintptr_t>(t->unsafe_storage().data()) + t->storage_offset() + t->numel();
+  }
+  for (size_t i = 0; i < n; ++i) impls[i]->bump_version();
+  asm volatile("" : : "r"(sink));
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
 // plan(dsts, srcs) -> tuple of ints (plan.cpp encode_plan). Not through the dispatcher: a
 // tensor subclass would unwrap itself there, and the plan must see the subclass.
 PyObject* plan(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
@@ -111,6 +225,10 @@ PyMethodDef methods[] = {
      "The plan of one _foreach_copy_, encoded; nothing is written."},
     {"foreach_copy_planned", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&foreach_copy_planned)),
      METH_FASTCALL, "Plan and execute one _foreach_copy_; returns the count vector."},
+    {"foreach_copy_direct", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&foreach_copy_direct)),
+     METH_FASTCALL, "The fast lane for the public foreach_copy_; False when the general path must run."},
+    {"touch_pairs", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&touch_pairs)),
+     METH_FASTCALL, "Benchmark floor: read every pair's addresses and sizes, bump versions."},
     {nullptr, nullptr, 0, nullptr},
 };
 

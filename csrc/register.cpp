@@ -13,13 +13,14 @@
 #include "copy_call.h"
 #include "cpu_copy_kernel.h"
 #include "execute.h"
+#include "fast_lane.h"
 #include "native_stats.h"
 #include "plan.h"
 
 namespace npu_dispatch {
 namespace {
 
-constexpr int64_t kAbiVersion = 3;
+constexpr int64_t kAbiVersion = 4;
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -61,6 +62,7 @@ void set_capabilities_op(std::vector<std::string> device_types, std::vector<int6
 std::vector<int64_t> info_op() {
   auto out = kernel_counters();
   out.insert(out.begin(), kAbiVersion);
+  out.push_back(fast_lane_calls());
   return out;
 }
 

@@ -36,12 +36,12 @@ import torch
 
 from . import capabilities, stats as _stats
 
-__all__ = ["load", "available", "status", "build", "module", "planned_op", "self_check_result", "info"]
+__all__ = ["load", "available", "status", "build", "module", "planned_op", "direct_op", "self_check_result", "info"]
 
 log = logging.getLogger("npu_dispatch")
 
 _BASE_NAME = "npu_dispatch_native"
-_ABI_VERSION = 3
+_ABI_VERSION = 4
 _SOURCES = (
     "capability_table.cpp",
     "plan.cpp",
@@ -49,6 +49,7 @@ _SOURCES = (
     "cpu_convert_avx2.cpp",
     "cpu_convert_avx512.cpp",
     "cpu_copy_kernel.cpp",
+    "fast_lane.cpp",
     "execute.cpp",
     "copy_call.cpp",
     "native_stats.cpp",
@@ -83,6 +84,7 @@ _tried = False
 _reason = "not loaded yet"
 _module = None  # the loaded extension module
 _planned = None  # its foreach_copy_planned, the engine's per-call entry
+_direct = None  # its foreach_copy_direct, the public foreach_copy_'s fast lane
 _self_check: list[int] | None = None
 _npu_pending = False  # pushed before torch_npu was imported: push again once it is
 _build_seconds: float | None = None
@@ -115,12 +117,13 @@ def self_check_result() -> dict | None:
 
 
 def info() -> dict:
-    """Counters only the C++ kernel moves: one-pass CPU kernel runs, work items, bytes."""
+    """Counters only the C++ side moves: one-pass CPU kernel runs, work items, bytes, and calls
+    that took the fast lane (csrc/fast_lane.h) instead of the full planner."""
     if _planned is None:
         return {}
-    abi, passes, items, nbytes = torch.ops.npu_dispatch._native_info.default()
+    abi, passes, items, nbytes, lane = torch.ops.npu_dispatch._native_info.default()
     return {"abi": abi, "kernel_passes": passes, "kernel_items": items, "kernel_bytes": nbytes,
-            "build_seconds": _build_seconds}
+            "fast_lane_calls": lane, "build_seconds": _build_seconds}
 
 
 def module():
@@ -139,6 +142,16 @@ def planned_op():
     if _tried:
         return None
     return load()
+
+
+def direct_op():
+    """``foreach_copy_direct(dsts: list, srcs: list, non_blocking) -> bool``, or None: the fast
+    lane of the public ``foreach_copy_`` (csrc/python_entry.cpp). True when the copy was done
+    and counted; False, with nothing written, when the general path must take the call. The
+    lane takes CPU tensors only, so the npu capability entry never matters to it."""
+    if _direct is None and not _tried:
+        load()
+    return _direct
 
 
 def load():
@@ -169,7 +182,7 @@ def build(verbose: bool = True) -> tuple[bool, str]:
 
 
 def _load(verbose: bool = False) -> None:
-    global _reason, _planned, _self_check, _build_seconds, _module
+    global _reason, _planned, _self_check, _build_seconds, _module, _direct
     if os.environ.get("NPU_DISPATCH_NATIVE", "1") == "0":
         _reason = "disabled by NPU_DISPATCH_NATIVE=0"
         return
@@ -214,6 +227,7 @@ def _load(verbose: bool = False) -> None:
     _stats.add_drain(_drain_into)
     _module = module
     _planned = module.foreach_copy_planned
+    _direct = module.foreach_copy_direct
     _reason = f"loaded {_build_name(src)} ({_build_seconds:.1f}s to build or load)"
 
 

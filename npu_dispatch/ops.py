@@ -110,6 +110,11 @@ def foreach_copy_(
     # Lists pass as they are (the C++ entry reads them in place); other sequences are copied once.
     self = self if type(self) is list else list(self)
     src = src if type(src) is list else list(src)
+    # The fast lane (csrc/fast_lane.h) checks in C++ that no mode, compiler hook or autograd
+    # would see the op; a compiler tracing this function takes the op below instead.
+    direct = _native.direct_op()
+    if direct is not None and not torch.compiler.is_compiling() and direct(self, src, non_blocking):
+        return self
     if not (_plain_call() and engine.foreach_copy(
         self, src, non_blocking, stats=_stats._GLOBAL, op="npu_dispatch.foreach_copy_", defer_if_grad=True
     )):

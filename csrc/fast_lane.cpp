@@ -1,0 +1,211 @@
+#include "fast_lane.h"
+
+#include <ATen/record_function.h>
+#include <c10/core/DispatchKeySet.h>
+
+#include <algorithm>
+#include <atomic>
+
+#include "execute.h"
+
+namespace npu_dispatch {
+namespace {
+
+std::atomic<int64_t> g_lane_calls{0};
+
+// The key set every ordinary CPU tensor outside inference mode carries (c10::TensorImpl's
+// constructor: backend, autograd and autocast keys). Anything more or less (Python key, conj or
+// neg bit, nested, sparse, mkldnn, quantized, meta, functional or batched wrapper, inference
+// tensor) makes the set differ, and the planner decides.
+c10::DispatchKeySet plain_cpu_keys() {
+  static const c10::DispatchKeySet ks =
+      c10::DispatchKeySet(c10::DispatchKey::CPU) |
+      c10::getAutogradRelatedKeySetFromBackend(c10::BackendComponent::CPUBit) |
+      c10::getAutocastRelatedKeySetFromBackend(c10::BackendComponent::CPUBit);
+  return ks;
+}
+
+// plan.cpp copy_dtype: the others may raise midway, and the planner sends them to stock.
+bool copy_dtype(c10::ScalarType t) {
+  switch (t) {
+    case at::kBool: case at::kByte: case at::kChar: case at::kShort: case at::kInt:
+    case at::kLong: case at::kHalf: case at::kBFloat16: case at::kFloat: case at::kDouble:
+    case at::kComplexFloat: case at::kComplexDouble:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+int64_t fast_lane_calls() { return g_lane_calls.load(std::memory_order_relaxed); }
+
+bool FastLane::prepare(at::TensorList dsts, at::TensorList srcs, const CapabilityTable& caps) {
+  std::vector<c10::TensorImpl*> impls(2 * dsts.size());
+  for (size_t i = 0; i < dsts.size(); ++i) {
+    impls[i] = dsts[i].unsafeGetTensorImpl();
+    impls[dsts.size() + i] = srcs[i].unsafeGetTensorImpl();
+  }
+  return prepare(impls.data(), impls.data() + dsts.size(), dsts.size(), caps, false);
+}
+
+bool FastLane::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* srcs, size_t n,
+                       const CapabilityTable& caps, bool grad_check) {
+  cap_ = caps.get(c10::DeviceType::CPU);
+  if (cap_ == nullptr) return false;
+  const auto plain = plain_cpu_keys();
+  dst_spans_.reserve(n);
+  src_spans_.reserve(n);
+  const c10::StorageImpl* run_dst_storage = nullptr;
+  const c10::StorageImpl* run_src_storage = nullptr;
+  c10::ScalarType last_s = c10::ScalarType::Undefined, last_d = c10::ScalarType::Undefined;
+  CopyOp op = CopyOp::Memcpy;
+  bool mergeable = false;
+  for (size_t i = 0; i < n; ++i) {
+    c10::TensorImpl* d = dsts[i];
+    const c10::TensorImpl* s = srcs[i];
+    if (d->key_set() != plain || s->key_set() != plain) return false;
+    // Only a tensor with autograd metadata can require grad (an out-of-line call).
+    if (grad_check && ((d->autograd_meta() != nullptr && d->requires_grad()) ||
+                       (s->autograd_meta() != nullptr && s->requires_grad()))) {
+      return false;
+    }
+    const auto dt = d->dtype().toScalarType();
+    const auto st = s->dtype().toScalarType();
+    if (st != last_s || dt != last_d) {
+      if (!copy_dtype(st) || !copy_dtype(dt)) return false;
+      if (!batch_.route(st, dt, &op, &mergeable) || !cap_->supports(st, dt)) return false;
+      last_s = st;
+      last_d = dt;
+    }
+    // Broadcasting sources and other shapes: the planner (and stock's messages).
+    const auto dsz = d->sizes();
+    const auto ssz = s->sizes();
+    if (dsz.size() != ssz.size()) return false;
+    for (size_t k = 0; k < dsz.size(); ++k) {
+      if (dsz[k] != ssz[k]) return false;
+    }
+    const int64_t numel = d->numel();
+    if (numel == 0) {
+      ++empty_;
+      continue;
+    }
+    if (!d->is_contiguous() || !s->is_contiguous()) return false;
+    // The kernel refuses 0-dim conversions (cpu_copy_kernel.cpp add_pair).
+    if (op != CopyOp::Memcpy && dsz.empty()) return false;
+    const c10::Storage& dst_storage = d->unsafe_storage();
+    const c10::Storage& src_storage = s->unsafe_storage();
+    if (!dst_storage || !src_storage) return false;
+    const auto ditem = static_cast<int64_t>(d->itemsize());
+    const auto sitem = static_cast<int64_t>(s->itemsize());
+    // StorageImpl::mutable_data materializes a copy-on-write storage (and raises where a write
+    // is forbidden), as TensorImpl::mutable_data would.
+    auto* dptr = static_cast<char*>(dst_storage.mutable_data()) + d->storage_offset() * ditem;
+    const auto* sptr = static_cast<const char*>(src_storage.data()) + s->storage_offset() * sitem;
+    const int64_t dbytes = numel * ditem;
+    const int64_t sbytes = numel * sitem;
+    const auto du = reinterpret_cast<uintptr_t>(dptr);
+    const auto su = reinterpret_cast<uintptr_t>(sptr);
+    const bool adjacent = run_len_ > 0 && st == run_src_ && dt == run_dst_ &&
+                          du == dst_spans_.back().end && su == src_spans_.back().end;
+    if (adjacent) {
+      // plan.cpp coalesces only inside one storage; two storages side by side are its call.
+      if (dst_storage.unsafeGetStorageImpl() != run_dst_storage ||
+          src_storage.unsafeGetStorageImpl() != run_src_storage) {
+        return false;
+      }
+      batch_.add_contiguous(dptr, sptr, numel, ditem, op, mergeable);
+      dst_spans_.back().end += dbytes;
+      src_spans_.back().end += sbytes;
+      ++run_len_;
+      run_bytes_ += dbytes;
+    } else {
+      close_run();
+      batch_.add_contiguous(dptr, sptr, numel, ditem, op, false);
+      dst_spans_.push_back({du, du + dbytes});
+      src_spans_.push_back({su, su + sbytes});
+      run_len_ = 1;
+      run_bytes_ = dbytes;
+      run_src_ = st;
+      run_dst_ = dt;
+      run_dst_storage = dst_storage.unsafeGetStorageImpl();
+      run_src_storage = src_storage.unsafeGetStorageImpl();
+    }
+    bytes_ += dbytes;
+  }
+  close_run();
+  return disjoint();
+}
+
+void FastLane::close_run() {
+  if (run_len_ >= 2) {
+    ++runs_;
+    run_tensors_ += run_len_;
+    coalesced_bytes_ += run_bytes_;
+  } else if (run_len_ == 1) {
+    // A single joins its dtype pair's group (plan.cpp groups singles by device and dtypes).
+    auto g = std::find_if(groups_.begin(), groups_.end(),
+                          [&](const Group& x) { return x.src == run_src_ && x.dst == run_dst_; });
+    if (g == groups_.end()) {
+      groups_.push_back({run_src_, run_dst_, 0, 0});
+      g = groups_.end() - 1;
+    }
+    g->tensors += 1;
+    g->bytes += run_bytes_;
+  }
+  run_len_ = 0;
+}
+
+// No destination span meets another destination span or any source span (plan.cpp's aliasing
+// test; sources may share memory with each other). Destinations usually arrive in address order.
+bool FastLane::disjoint() {
+  if (dst_spans_.empty()) return true;
+  auto by_start = [](const Span& a, const Span& b) { return a.start < b.start; };
+  if (!std::is_sorted(dst_spans_.begin(), dst_spans_.end(), by_start)) {
+    std::sort(dst_spans_.begin(), dst_spans_.end(), by_start);
+  }
+  for (size_t k = 1; k < dst_spans_.size(); ++k) {
+    if (dst_spans_[k].start < dst_spans_[k - 1].end) return false;
+  }
+  const uintptr_t lo = dst_spans_.front().start;
+  const uintptr_t hi = dst_spans_.back().end;
+  for (const auto& s : src_spans_) {
+    if (s.end <= lo || s.start >= hi) continue;
+    // The first destination starting after s.start, and the one before it.
+    auto it = std::upper_bound(dst_spans_.begin(), dst_spans_.end(), s,
+                               [](const Span& a, const Span& b) { return a.start < b.start; });
+    if (it != dst_spans_.end() && it->start < s.end) return false;
+    if (it != dst_spans_.begin() && std::prev(it)->end > s.start) return false;
+  }
+  return true;
+}
+
+std::vector<int64_t> FastLane::run() {
+  std::vector<int64_t> v(kCountsLen, 0);
+  v[0] = kExecuted;
+  {
+    // The executor's profiler ranges (execute.cpp); here one kernel pass serves both paths.
+    at::RecordFunction coalesced(at::RecordScope::FUNCTION);
+    if (runs_ > 0 && coalesced.isActive()) coalesced.before("npu_dispatch::coalesced");
+    at::RecordFunction foreach_range(at::RecordScope::FUNCTION);
+    if (!groups_.empty() && foreach_range.isActive()) foreach_range.before("npu_dispatch::foreach");
+    RECORD_FUNCTION("npu_dispatch::cpu_kernel", std::vector<c10::IValue>());
+    batch_.run();
+  }
+  g_lane_calls.fetch_add(1, std::memory_order_relaxed);
+  if (runs_ > 0) {
+    v[path_slot(kCoalesced, 0)] = run_tensors_;
+    v[path_slot(kCoalesced, 1)] = coalesced_bytes_;
+    v[path_slot(kCoalesced, 2)] = runs_;
+  }
+  for (const auto& g : groups_) {
+    v[path_slot(kForeach, 0)] += g.tensors;
+    v[path_slot(kForeach, 1)] += g.bytes;
+    v[path_slot(kForeach, 2)] += cap_->launches(g.tensors);
+  }
+  v[path_slot(kEmpty, 0)] = empty_;
+  return v;
+}
+
+}  // namespace npu_dispatch
