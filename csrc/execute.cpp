@@ -35,12 +35,13 @@ class Executor {
            std::vector<int64_t>& v)
       : p_(p), dsts_(dsts), srcs_(srcs), non_blocking_(non_blocking), v_(v) {}
 
-  // Aliasing, a pair that may raise, meta tensors: stock's CPU kernel, a sequential copy_ loop,
+  // Aliasing, a pair that may raise, a 0-dim conversion, meta tensors: stock's CPU kernel, a sequential copy_ loop,
   // bumping each destination as it goes, so an error leaves the same pairs written and bumped as
   // stock does. Subclasses, wrapper tensors, other layouts: the stock op itself.
   void stock(bool bump) {
     RECORD_FUNCTION("npu_dispatch::stock", std::vector<c10::IValue>());
-    if (p_.stock == Kind::Aliasing || p_.stock == Kind::MayRaise || p_.stock == Kind::Meta) {
+    if (p_.stock == Kind::Aliasing || p_.stock == Kind::MayRaise || p_.stock == Kind::Meta ||
+        p_.stock == Kind::OrderDependent) {
       const bool outside_inference = !c10::InferenceMode::is_enabled();
       for (size_t i = 0; i < dsts_.size(); ++i) {
         auto d = dsts_[i];

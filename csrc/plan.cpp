@@ -183,6 +183,9 @@ class Planner {
         if (!broadcasts_to(s.sizes(), d.sizes())) return stock(Kind::MayRaise, i, 0);
         reason = Kind::Broadcast;
       }
+      if (d.dim() == 0 && d.scalar_type() != s.scalar_type()) {
+        return stock(Kind::OrderDependent, i, 0);
+      }
       if (d.numel() == 0) {
         plan_.empty.push_back(i);
         continue;

@@ -26,6 +26,7 @@ enum class Kind : int8_t {
   ConjNeg,
   Dtype,
   NoCapability,
+  OrderDependent,  // whole call: a 0-dim conversion, whose bits in stock depend on earlier copies
   Count,
 };
 constexpr int kNumKinds = static_cast<int>(Kind::Count);

@@ -74,7 +74,7 @@ def _nbytes(tensors: Sequence[torch.Tensor], idx: list[int]) -> int:
 
 def _stock(p: _plan.Plan, dsts, srcs, non_blocking: bool, bump: bool) -> None:
     """A whole-stock plan, bumping version counters as stock does (see plan.py)."""
-    if p.stock_reason[0] in ("aliasing", "may_raise", "meta"):
+    if p.stock_reason[0] in ("aliasing", "may_raise", "meta", "order_dependent"):
         # Stock's CPU kernel: a copy_ loop; an error leaves the earlier pairs written and bumped.
         outside_inference = not torch.is_inference_mode_enabled()
         for d, s in zip(dsts, srcs):

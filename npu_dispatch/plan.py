@@ -9,7 +9,8 @@ Paths, in the order the executor issues them:
   capability table...): stock ``_foreach_copy_`` on just those pairs, with the caller's
   ``non_blocking``.
 - ``stock``: the whole call keeps stock's semantics. When reordering could change the result (a
-  destination overlaps another tensor of the call) or stock could raise midway, it runs as stock's
+  destination overlaps another tensor of the call, or a 0-dim conversion, whose bits in stock depend
+  on the copies before it) or stock could raise midway, it runs as stock's
   CPU kernel does, a sequential ``copy_`` loop bumping each destination as it goes, so the same
   pairs are written (and bumped) before the same error; meta tensors too. Tensor subclasses,
   wrapper tensors and other layouts go to the stock op itself.
@@ -65,6 +66,16 @@ def _odd_dtype_text(i: int, sdt: torch.dtype, ddt: torch.dtype) -> str:
     return (
         f"pair {i} copies {_dt(sdt)}->{_dt(ddt)}: stock copy_ may raise for that dtype, "
         "after writing the pairs before it"
+    )
+
+
+def _zero_dim_cast_text(i: int, sdt: torch.dtype, ddt: torch.dtype) -> str:
+    # Measured with torch 2.13 on CPU: a 0-dim fp32 NaN copied into bf16 comes out 0x7fc0 alone
+    # and 0xffff right after an empty fp32->bf16 copy_ in the same _foreach_copy_ (TensorIterator
+    # picks its vectorized or scalar loop from state the 0-dim case does not set).
+    return (
+        f"pair {i} converts a 0-dim {_dt(sdt)} into {_dt(ddt)}: stock's bits for it depend on the "
+        "copies before it, so the call runs as stock's sequential copy_ loop"
     )
 
 
@@ -285,6 +296,8 @@ def build_plan(
             reason = ("broadcast", f"src[{i}] shape {tuple(s.shape)} broadcasts to dst[{i}] shape {tuple(dshape)}")
         else:
             reason = None
+        if d.dim() == 0 and d.dtype != s.dtype:
+            return stock("order_dependent", _zero_dim_cast_text(i, s.dtype, d.dtype))
         if d.numel() == 0:
             plan.empty.append(i)
             continue

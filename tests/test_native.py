@@ -345,11 +345,28 @@ def test_whole_call_reasons_agree():
         ([torch.zeros(1).expand(4)], [torch.ones(4)]),
         ([x[:3], x[1:]], [torch.ones(3), torch.ones(3)]),
         ([x[:2], torch.zeros(2)], [torch.ones(2), x[1:3]]),
+        ([torch.zeros(2), torch.zeros((), dtype=f16)], [torch.ones(2), torch.ones((), dtype=torch.float64)]),
     ]
     for dsts, srcs in cases_:
         ours, theirs = native_plan(dsts, srcs), build_plan(dsts, srcs)
         assert theirs.stock_reason is not None
         assert ours == theirs, (ours, theirs)
+
+
+@pytest.mark.parametrize("entry", [native_copy, op_copy, mode_copy], ids=lambda f: f.__name__)
+def test_zero_dim_nan_cast_after_an_empty_cast_matches_stock(entry):
+    # Stock writes 0xffff here and 0x7fc0 for the 0-dim copy alone: its bits depend on the
+    # copies before it, so the whole call runs as stock's copy_ loop.
+    def make():
+        nan = torch.tensor(0x7FC00000, dtype=torch.int32).view(f32)
+        return [torch.zeros(0, dtype=bf16), torch.zeros((), dtype=bf16)], [torch.zeros(0), nan]
+
+    d, s = make()
+    torch._foreach_copy_(d, s)
+    want = bits(d[1])
+    d, s = make()
+    entry(d, s)
+    assert torch.equal(bits(d[1]), want)
 
 
 # ---- strict, verify, stats, registration ------------------------------------------------------

@@ -68,6 +68,8 @@ def test_size1_dims_may_have_any_stride():
         (lambda: ([torch.empty(1).expand(3)], [torch.empty(3)]), "may_raise", "internal overlap"),
         (lambda: ([torch.empty(2, device="meta")], [torch.empty(2)]), "meta", "meta"),
         (lambda: ([torch.empty(2).to_sparse()], [torch.empty(2).to_sparse()]), "layout", "layout torch.sparse_coo"),
+        (lambda: ([torch.empty(3), torch.empty((), dtype=torch.bfloat16)], [torch.empty(3), torch.empty(())]),
+         "order_dependent", "pair 1 converts a 0-dim float32 into bfloat16"),
     ],
 )
 def test_whole_call_goes_to_stock(make, kind, text):
