@@ -35,14 +35,21 @@ def test_quick_json_structure(quick_run, capsys):
     assert [r["name"] for r in result["workloads"]] == _ONLY
     tiny, overhead = result["workloads"]
 
-    assert set(tiny["times_us"]) == {"stock", "direct", "mode", "bare_mode", "roofline"}
+    floor = {"pair_floor"} if npu_dispatch._native.available() else set()
+    assert set(tiny["times_us"]) == {"stock", "direct", "mode", "bare_mode", "roofline"} | floor
     assert set(overhead["times_us"]) == {"no_mode", "bare_mode", "mode"}
     for row in (tiny, overhead):
         for t in row["times_us"].values():
             assert t["median_us"] > 0 and t["blocks"] >= 1 and len(t["round_medians_us"]) == 1
         assert row["checks"] and all(isinstance(c["pass"], bool) for c in row["checks"])
         assert isinstance(row["pass"], bool)
-    assert {"speedup_direct", "speedup_mode", "efficiency_direct"} <= tiny["metrics"].keys()
+    assert {"speedup_direct", "speedup_mode", "efficiency_direct", "efficiency_ceiling"} <= tiny["metrics"].keys()
+    if floor:
+        # The ceiling is what the floor and the roofline allow: above any measured efficiency of ours.
+        m = tiny["metrics"]
+        assert 0 < m["efficiency_ceiling"] < 1
+        (mode_check,) = [c for c in tiny["checks"] if c["metric"] == "speedup_mode"]
+        assert mode_check["ceiling"] == m["speedup_mode_floor"]
     assert "extra_us_vs_bare_mode" in overhead["metrics"]
 
     assert tiny["pairs"] == 512 and tiny["elements"] == sum(workloads.TINY_SIZES)
@@ -105,3 +112,14 @@ def test_copy_in_variants_match_stock_bitwise():
                                 {"direct": by["direct"].run_once, "mode": by["mode"].run_once})
     assert equal == {"direct": True, "mode": True}
     assert torch.equal(args.output[256:384], torch.cat(args.inputs))
+
+
+def test_pair_floor_touches_every_pair_and_copies_nothing():
+    if not npu_dispatch._native.available():
+        pytest.skip(f"native library not built: {npu_dispatch._native.status()[1]}")
+    touch = npu_dispatch._native.module().touch_pairs
+    d, s = [torch.zeros(3), torch.zeros(2)], [torch.ones(3), torch.ones(2)]
+    touch(d, s)
+    assert [t._version for t in d] == [1, 1] and all(t.count_nonzero() == 0 for t in d)
+    with pytest.raises(TypeError):
+        touch(d, s[:1])
