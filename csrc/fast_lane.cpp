@@ -37,6 +37,10 @@ bool copy_dtype(c10::ScalarType t) {
   }
 }
 
+uint16_t dtype_pair(c10::ScalarType src, c10::ScalarType dst) {
+  return static_cast<uint16_t>(static_cast<uint8_t>(src) | (static_cast<uint8_t>(dst) << 8));
+}
+
 }  // namespace
 
 int64_t fast_lane_calls() { return g_lane_calls.load(std::memory_order_relaxed); }
@@ -107,7 +111,8 @@ bool FastLane::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* src
     const int64_t sbytes = numel * sitem;
     const auto du = reinterpret_cast<uintptr_t>(dptr);
     const auto su = reinterpret_cast<uintptr_t>(sptr);
-    const bool adjacent = run_len_ > 0 && st == run_src_ && dt == run_dst_ &&
+    const uint16_t dtypes = dtype_pair(st, dt);
+    const bool adjacent = run_len_ > 0 && dtypes == run_dtypes_ &&
                           du == dst_spans_.back().end && su == src_spans_.back().end;
     if (adjacent) {
       // plan.cpp coalesces only inside one storage; two storages side by side are its call.
@@ -127,8 +132,7 @@ bool FastLane::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* src
       src_spans_.push_back({su, su + sbytes});
       run_len_ = 1;
       run_bytes_ = dbytes;
-      run_src_ = st;
-      run_dst_ = dt;
+      run_dtypes_ = dtypes;
       run_dst_storage = dst_storage.unsafeGetStorageImpl();
       run_src_storage = src_storage.unsafeGetStorageImpl();
     }
@@ -145,10 +149,11 @@ void FastLane::close_run() {
     coalesced_bytes_ += run_bytes_;
   } else if (run_len_ == 1) {
     // A single joins its dtype pair's group (plan.cpp groups singles by device and dtypes).
+    const uint16_t dtypes = run_dtypes_;
     auto g = std::find_if(groups_.begin(), groups_.end(),
-                          [&](const Group& x) { return x.src == run_src_ && x.dst == run_dst_; });
+                          [&](const Group& x) { return x.dtypes == dtypes; });
     if (g == groups_.end()) {
-      groups_.push_back({run_src_, run_dst_, 0, 0});
+      groups_.push_back({dtypes, 0, 0});
       g = groups_.end() - 1;
     }
     g->tensors += 1;

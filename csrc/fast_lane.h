@@ -39,7 +39,7 @@ class FastLane {
     uintptr_t start, end;
   };
   struct Group {
-    c10::ScalarType src, dst;
+    uint16_t dtypes;  // dtype_pair()
     int64_t tensors, bytes;
   };
   void close_run();
@@ -51,7 +51,7 @@ class FastLane {
   std::vector<Group> groups_;
   // The run being built: adjacent contiguous pairs of one dtype pair in one storage each.
   int64_t run_len_ = 0, run_bytes_ = 0;
-  c10::ScalarType run_src_ = c10::ScalarType::Undefined, run_dst_ = c10::ScalarType::Undefined;
+  uint16_t run_dtypes_ = 0;  // dtype_pair(src, dst) of the run
   int64_t runs_ = 0, run_tensors_ = 0, coalesced_bytes_ = 0;
   int64_t empty_ = 0, bytes_ = 0;
 };

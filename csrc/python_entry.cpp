@@ -117,13 +117,7 @@ bool unpack_impls(PyObject* list, c10::TensorImpl** out) {
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* o = PyList_GET_ITEM(list, i);
     if (!THPVariable_CheckExact(o)) return false;
-    c10::TensorImpl* impl = THPVariable_Unpack(o).unsafeGetTensorImpl();
-    // The lane reads about three cache lines of each TensorImpl; fetching them all now lets the
-    // misses overlap instead of stalling the lane pair by pair.
-    __builtin_prefetch(impl);
-    __builtin_prefetch(reinterpret_cast<const char*>(impl) + 64);
-    __builtin_prefetch(reinterpret_cast<const char*>(impl) + 128);
-    out[i] = impl;
+    out[i] = THPVariable_Unpack(o).unsafeGetTensorImpl();
   }
   return true;
 }
