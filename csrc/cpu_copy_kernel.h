@@ -39,6 +39,7 @@ class CpuCopyBatch {
   // continues the last item (adjacent in memory, same op, route said mergeable).
   void add_contiguous(char* dst, const char* src, int64_t numel, size_t dst_itemsize, CopyOp op,
                       bool extend);
+  void reserve(size_t n) { items_.reserve(n); }
   void run();
   bool empty() const { return items_.empty(); }
 

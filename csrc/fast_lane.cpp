@@ -61,6 +61,7 @@ bool FastLane::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* src
   const auto plain = plain_cpu_keys();
   dst_spans_.reserve(n);
   src_spans_.reserve(n);
+  batch_.reserve(n);
   const c10::StorageImpl* run_dst_storage = nullptr;
   const c10::StorageImpl* run_src_storage = nullptr;
   c10::ScalarType last_s = c10::ScalarType::Undefined, last_d = c10::ScalarType::Undefined;
@@ -149,21 +150,22 @@ void FastLane::close_run() {
     coalesced_bytes_ += run_bytes_;
   } else if (run_len_ == 1) {
     // A single joins its dtype pair's group (plan.cpp groups singles by device and dtypes).
+    // Lists usually hold one dtype pair: try the last group hit first.
     const uint16_t dtypes = run_dtypes_;
-    auto g = std::find_if(groups_.begin(), groups_.end(),
-                          [&](const Group& x) { return x.dtypes == dtypes; });
-    if (g == groups_.end()) {
-      groups_.push_back({dtypes, 0, 0});
-      g = groups_.end() - 1;
+    if (last_group_ >= groups_.size() || groups_[last_group_].dtypes != dtypes) {
+      last_group_ = std::find_if(groups_.begin(), groups_.end(),
+                                 [&](const Group& x) { return x.dtypes == dtypes; }) - groups_.begin();
+      if (last_group_ == groups_.size()) groups_.push_back({dtypes, 0, 0});
     }
-    g->tensors += 1;
-    g->bytes += run_bytes_;
+    groups_[last_group_].tensors += 1;
+    groups_[last_group_].bytes += run_bytes_;
   }
   run_len_ = 0;
 }
 
 // No destination span meets another destination span or any source span (plan.cpp's aliasing
-// test; sources may share memory with each other). Destinations usually arrive in address order.
+// test; sources may share memory with each other). Spans usually arrive in address order, so
+// the sorts are mostly skipped; then one merge walk compares sources with destinations.
 bool FastLane::disjoint() {
   if (dst_spans_.empty()) return true;
   auto by_start = [](const Span& a, const Span& b) { return a.start < b.start; };
@@ -173,15 +175,22 @@ bool FastLane::disjoint() {
   for (size_t k = 1; k < dst_spans_.size(); ++k) {
     if (dst_spans_[k].start < dst_spans_[k - 1].end) return false;
   }
+  // Only sources inside the destinations' hull can meet one (separate allocations made before
+  // or after the destinations' usually lie outside it).
   const uintptr_t lo = dst_spans_.front().start;
   const uintptr_t hi = dst_spans_.back().end;
-  for (const auto& s : src_spans_) {
-    if (s.end <= lo || s.start >= hi) continue;
-    // The first destination starting after s.start, and the one before it.
-    auto it = std::upper_bound(dst_spans_.begin(), dst_spans_.end(), s,
-                               [](const Span& a, const Span& b) { return a.start < b.start; });
-    if (it != dst_spans_.end() && it->start < s.end) return false;
-    if (it != dst_spans_.begin() && std::prev(it)->end > s.start) return false;
+  auto& inside = src_spans_;
+  inside.erase(std::remove_if(inside.begin(), inside.end(),
+                              [&](const Span& s) { return s.end <= lo || s.start >= hi; }),
+               inside.end());
+  if (!std::is_sorted(inside.begin(), inside.end(), by_start)) {
+    std::sort(inside.begin(), inside.end(), by_start);
+  }
+  size_t k = 0;
+  for (const auto& s : inside) {
+    while (k < dst_spans_.size() && dst_spans_[k].end <= s.start) ++k;
+    if (k == dst_spans_.size()) break;
+    if (dst_spans_[k].start < s.end) return false;
   }
   return true;
 }

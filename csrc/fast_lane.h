@@ -49,6 +49,7 @@ class FastLane {
   CpuCopyBatch batch_;
   std::vector<Span> dst_spans_, src_spans_;
   std::vector<Group> groups_;
+  size_t last_group_ = 0;
   // The run being built: adjacent contiguous pairs of one dtype pair in one storage each.
   int64_t run_len_ = 0, run_bytes_ = 0;
   uint16_t run_dtypes_ = 0;  // dtype_pair(src, dst) of the run
