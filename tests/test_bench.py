@@ -36,7 +36,7 @@ def test_quick_json_structure(quick_run, capsys):
     tiny, overhead = result["workloads"]
 
     floor = {"pair_floor"} if npu_dispatch._native.available() else set()
-    assert set(tiny["times_us"]) == {"stock", "direct", "mode", "bare_mode", "roofline"} | floor
+    assert set(tiny["times_us"]) == {"stock", "direct", "mode", "bare_mode", "null_mode", "roofline"} | floor
     assert set(overhead["times_us"]) == {"no_mode", "bare_mode", "mode"}
     for row in (tiny, overhead):
         for t in row["times_us"].values():
@@ -49,7 +49,7 @@ def test_quick_json_structure(quick_run, capsys):
         m = tiny["metrics"]
         assert 0 < m["efficiency_ceiling"] < 1
         (mode_check,) = [c for c in tiny["checks"] if c["metric"] == "speedup_mode"]
-        assert mode_check["ceiling"] == m["speedup_mode_floor"]
+        assert mode_check["ceiling"] == m["speedup_mode_ceiling"]
     assert "extra_us_vs_bare_mode" in overhead["metrics"]
 
     assert tiny["pairs"] == 512 and tiny["elements"] == sum(workloads.TINY_SIZES)
