@@ -81,8 +81,9 @@ bool op_for(at::ScalarType s, at::ScalarType d, CopyOp* op) {
   using at::kFloat;
   using at::kHalf;
   if (s == d) {
-    // A quantized copy_ also copies the quantizer: not a byte copy.
-    if (at::isQIntType(s)) return false;
+    // A quantized copy_ also copies the quantizer: not a byte copy. Stock's bool copy writes
+    // canonical 0/1 bytes, where a byte copy would keep any other byte a bool tensor holds.
+    if (at::isQIntType(s) || s == at::kBool) return false;
     *op = CopyOp::Memcpy;
     return true;
   }

@@ -102,10 +102,12 @@ bool FastLane::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* src
     const c10::Storage& dst_storage = d->unsafe_storage();
     const c10::Storage& src_storage = s->unsafe_storage();
     if (!dst_storage || !src_storage) return false;
+    // A copy-on-write (or otherwise lazily materialized) destination would be materialized by
+    // mutable_data below even if a later pair sent the call elsewhere: leave it to the planner.
+    if (dst_storage.unsafeGetStorageImpl()->has_materializer()) return false;
     const auto ditem = static_cast<int64_t>(d->itemsize());
     const auto sitem = static_cast<int64_t>(s->itemsize());
-    // StorageImpl::mutable_data materializes a copy-on-write storage (and raises where a write
-    // is forbidden), as TensorImpl::mutable_data would.
+    // StorageImpl::mutable_data raises where a write is forbidden, as TensorImpl::mutable_data.
     auto* dptr = static_cast<char*>(dst_storage.mutable_data()) + d->storage_offset() * ditem;
     const auto* sptr = static_cast<const char*>(src_storage.data()) + s->storage_offset() * sitem;
     const int64_t dbytes = numel * ditem;

@@ -154,6 +154,11 @@ class Planner {
   }
 
   Plan run() {
+    // plan.py: stock's dispatcher refuses a mutable list with a conjugate or negative view.
+    for (int64_t i = 0; i < plan_.n; ++i) {
+      const auto& d = dsts_[i];
+      if (d.defined() && (d.is_conj() || d.is_neg())) return stock(Kind::ConjNeg, i, 0);
+    }
     std::vector<int64_t> fast;
     fast.reserve(dsts_.size());
     dst_iv_.reserve(dsts_.size());
@@ -183,7 +188,7 @@ class Planner {
         if (!broadcasts_to(s.sizes(), d.sizes())) return stock(Kind::MayRaise, i, 0);
         reason = Kind::Broadcast;
       }
-      if (d.dim() == 0 && d.scalar_type() != s.scalar_type()) {
+      if (d.dim() == 0 && d.scalar_type() != s.scalar_type() && dd.is_cpu()) {
         return stock(Kind::OrderDependent, i, 0);
       }
       if (d.numel() == 0) {

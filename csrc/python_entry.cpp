@@ -104,8 +104,11 @@ constexpr int64_t kReleaseGilBytes = 512 * 1024;
 
 // Nothing between the caller and the kernel would act on the op: no dispatch mode, no torch
 // function mode, no extra key switched on for this thread (functorch layers, Python key...).
+// Below ADInplaceOrView (torch._C._AutoDispatchBelowADInplaceOrView) stock bumps no version
+// counter; the general path decides there.
 bool plain_context() {
-  if (c10::impl::TorchDispatchModeTLS::stack_len() != 0 || at::impl::torch_function_mode_enabled()) {
+  if (c10::impl::TorchDispatchModeTLS::stack_len() != 0 || at::impl::torch_function_mode_enabled() ||
+      c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView)) {
     return false;
   }
   static const c10::DispatchKeySet usual({c10::DispatchKey::BackendSelect, c10::DispatchKey::ADInplaceOrView});
@@ -149,9 +152,11 @@ PyObject* foreach_copy_direct(PyObject* /*self*/, PyObject* const* args, Py_ssiz
                     c10::GradMode::is_enabled())) {
     Py_RETURN_FALSE;
   }
+  // Filled only when the copy drops the GIL; released last (on return, GIL held), after the bumps
+  // below have used the TensorImpl pointers it keeps alive.
+  PyRefs refs;
   std::vector<int64_t> counts;
   if (lane.bytes() > kReleaseGilBytes) {
-    PyRefs refs;
     refs.reserve(2 * n);
     for (size_t i = 0; i < n; ++i) {
       refs.add(PyList_GET_ITEM(dl, i));
@@ -185,6 +190,12 @@ PyObject* touch_pairs(PyObject* /*self*/, PyObject* const* args, Py_ssize_t narg
   if (!unpack_impls(args[0], impls.data()) || !unpack_impls(args[1], impls.data() + n)) {
     PyErr_SetString(PyExc_TypeError, "touch_pairs takes plain tensors");
     return nullptr;
+  }
+  for (size_t i = 0; i < 2 * n; ++i) {
+    if (impls[i]->layout() != c10::kStrided || !impls[i]->unsafe_storage()) {
+      PyErr_SetString(PyExc_TypeError, "touch_pairs takes strided tensors with storage");
+      return nullptr;
+    }
   }
   uintptr_t sink = 0;
   for (size_t i = 0; i < 2 * n; ++i) {

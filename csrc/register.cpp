@@ -5,6 +5,7 @@
 #include <ATen/ops/narrow.h>
 #include <ATen/ops/split_with_sizes.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
 #include <chrono>
@@ -32,9 +33,15 @@ std::vector<int64_t> plan_op(at::TensorList self, at::TensorList src) {
   return plan_encoded(self, src);
 }
 
+// Stock's in-place op bumps version counters in its ADInplaceOrView kernel, which a caller below
+// it (torch._C._AutoDispatchBelowADInplaceOrView) skips.
+bool bump_versions() {
+  return !c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView);
+}
+
 void foreach_copy_kernel(at::TensorList self, at::TensorList src, bool non_blocking) {
   const int64_t t0 = now_ns();
-  const auto counts = plan_and_run(self, src, non_blocking, false, true);
+  const auto counts = plan_and_run(self, src, non_blocking, false, bump_versions());
   record_direct(kOpForeachCopy, counts, now_ns() - t0);
 }
 
@@ -48,7 +55,7 @@ std::tuple<at::Tensor, at::Tensor> all_gather_copy_in_kernel(
   std::vector<int64_t> counts;
   {
     c10::AutoGradMode no_grad(false);
-    counts = plan_and_run(dsts, all_gather_inputs, false, false, true);
+    counts = plan_and_run(dsts, all_gather_inputs, false, false, bump_versions());
   }
   record_direct(kOpAllGatherCopyIn, counts, now_ns() - t0);
   return {all_gather_input, all_gather_output};

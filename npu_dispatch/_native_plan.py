@@ -11,7 +11,7 @@ from typing import Sequence
 import torch
 
 from . import capabilities
-from .plan import Group, Plan, Run, _dt, _inference_text, _odd_dtype_text, _zero_dim_cast_text
+from .plan import Group, Plan, Run, _dt, _inference_text, _lazy_bit_dst_text, _odd_dtype_text, _zero_dim_cast_text
 from .stats import PATHS
 
 __all__ = ["KINDS", "decode_plan", "decode_counts", "native_plan", "EXECUTED", "BLOCKED", "DEFERRED"]
@@ -71,6 +71,8 @@ def _stock_text(kind: str, a: int, b: int, sub: int, dsts, srcs) -> str:
         if sub == 3:
             return _inference_text(a)
         return f"dst[{a}] has internal overlap: stock raises there"
+    if kind == "conj_neg":
+        return _lazy_bit_dst_text(a)
     if kind == "order_dependent":
         return _zero_dim_cast_text(a, s.dtype, d.dtype)
     if kind == "aliasing":

@@ -69,8 +69,15 @@ def _odd_dtype_text(i: int, sdt: torch.dtype, ddt: torch.dtype) -> str:
     )
 
 
+def _lazy_bit_dst_text(i: int) -> str:
+    return (
+        f"dst[{i}] has a lazy conjugate or negative bit: stock refuses such a mutable list "
+        "before writing, so the call goes to the stock op"
+    )
+
+
 def _zero_dim_cast_text(i: int, sdt: torch.dtype, ddt: torch.dtype) -> str:
-    # Measured with torch 2.13 on CPU: a 0-dim fp32 NaN copied into bf16 comes out 0x7fc0 alone
+    # Measured with torch 2.13 on CPU (other devices keep their foreach kernel): a 0-dim fp32 NaN copied into bf16 comes out 0x7fc0 alone
     # and 0xffff right after an empty fp32->bf16 copy_ in the same _foreach_copy_ (TensorIterator
     # picks its vectorized or scalar loop from state the 0-dim case does not set).
     return (
@@ -260,6 +267,12 @@ def build_plan(
         plan.stock_reason = (kind, text)
         return plan
 
+    # Stock's dispatcher refuses a mutable list holding a conjugate or negative view before any
+    # kernel runs; the stock op gives the same error.
+    for i, d in enumerate(dsts):
+        if isinstance(d, _Tensor) and (d.is_conj() or d.is_neg()):
+            return stock("conj_neg", _lazy_bit_dst_text(i))
+
     for i in range(n):
         d, s = dsts[i], srcs[i]
         if not isinstance(d, _Tensor) or not isinstance(s, _Tensor):
@@ -296,7 +309,7 @@ def build_plan(
             reason = ("broadcast", f"src[{i}] shape {tuple(s.shape)} broadcasts to dst[{i}] shape {tuple(dshape)}")
         else:
             reason = None
-        if d.dim() == 0 and d.dtype != s.dtype:
+        if d.dim() == 0 and d.dtype != s.dtype and dd.type == "cpu":
             return stock("order_dependent", _zero_dim_cast_text(i, s.dtype, d.dtype))
         if d.numel() == 0:
             plan.empty.append(i)

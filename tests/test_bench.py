@@ -35,7 +35,7 @@ def test_quick_json_structure(quick_run, capsys):
     assert [r["name"] for r in result["workloads"]] == _ONLY
     tiny, overhead = result["workloads"]
 
-    floor = {"pair_floor"} if npu_dispatch._native.available() else set()
+    floor = {"pair_floor", "call_floor", "flat_direct"} if npu_dispatch._native.available() else set()
     assert set(tiny["times_us"]) == {"stock", "direct", "mode", "bare_mode", "null_mode", "roofline"} | floor
     assert set(overhead["times_us"]) == {"no_mode", "bare_mode", "mode"}
     for row in (tiny, overhead):
@@ -43,11 +43,11 @@ def test_quick_json_structure(quick_run, capsys):
             assert t["median_us"] > 0 and t["blocks"] >= 1 and len(t["round_medians_us"]) == 1
         assert row["checks"] and all(isinstance(c["pass"], bool) for c in row["checks"])
         assert isinstance(row["pass"], bool)
-    assert {"speedup_direct", "speedup_mode", "efficiency_direct", "efficiency_ceiling"} <= tiny["metrics"].keys()
+    assert {"speedup_direct", "speedup_mode", "efficiency_direct", "efficiency_bound"} <= tiny["metrics"].keys()
     if floor:
         # The ceiling is what the floor and the roofline allow: above any measured efficiency of ours.
         m = tiny["metrics"]
-        assert 0 < m["efficiency_ceiling"] < 1
+        assert 0 < m["efficiency_bound"]
         (mode_check,) = [c for c in tiny["checks"] if c["metric"] == "speedup_mode"]
         assert mode_check["ceiling"] == m["speedup_mode_ceiling"]
     assert "extra_us_vs_bare_mode" in overhead["metrics"]

@@ -6,8 +6,11 @@ refuses, nothing has been written and the planner serves the call.
 """
 from __future__ import annotations
 
+import gc
 import os
+import sys
 import threading
+import weakref
 
 import pytest
 import torch
@@ -256,3 +259,180 @@ def test_large_copies_from_two_threads():
     for d, s in jobs:
         assert all(torch.equal(a, b) for a, b in zip(d, s))
         assert all(a._version == 20 for a in d)
+
+
+# ---- review findings: each pinned against stock ---------------------------------------------
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda f: f.__name__)
+def test_bool_bytes_come_out_canonical_as_stock_writes_them(entry):
+    def make():
+        raw = torch.tensor([0, 2, 255, 1] * 5, dtype=torch.uint8)
+        return [torch.zeros(20, dtype=torch.bool)], [raw.view(torch.bool)]
+
+    d0, s0 = make()
+    stock_copy(d0, s0)
+    d1, s1 = make()
+    entry(d1, s1)
+    assert torch.equal(d1[0].view(torch.uint8), d0[0].view(torch.uint8))
+    assert d0[0].view(torch.uint8).tolist()[:4] == [0, 1, 1, 1]
+
+
+def test_a_refused_call_leaves_copy_on_write_destinations_shared():
+    def make():
+        a = torch.zeros(1 << 16)
+        return [a._lazy_clone(), torch.zeros(3, requires_grad=True)], [torch.ones(1 << 16), torch.ones(3)]
+
+    for fn in (stock_copy, direct_copy):
+        d, s = make()
+        with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+            fn(d, s)
+        assert torch._C._is_cow_tensor(d[0]), fn.__name__
+
+
+def test_copy_on_write_destinations_are_copied_as_stock():
+    a = torch.arange(6.0)
+    d = [a._lazy_clone(), torch.zeros(2)]
+    before = lane_calls()
+    nd.foreach_copy_(d, [torch.ones(6), torch.ones(2)])
+    assert torch.equal(d[0], torch.ones(6)) and torch.equal(a, torch.arange(6.0))
+    assert not torch._C._is_cow_tensor(d[0]) and d[0]._version == 1
+    assert lane_calls() == before  # the lane leaves it to the planner
+
+
+@pytest.mark.parametrize("entry", [stock_copy, direct_copy, op_copy], ids=lambda f: f.__name__)
+def test_forward_ad_tangents_get_stocks_error(entry):
+    import torch.autograd.forward_ad as fwad
+
+    with fwad.dual_level():
+        src = fwad.make_dual(torch.arange(4.0), torch.full((4,), 7.0))
+        with pytest.raises(NotImplementedError, match="forward AD with _foreach_copy_"):
+            entry([torch.zeros(4)], [src])
+
+
+@pytest.mark.parametrize("entry", [direct_copy, op_copy], ids=lambda f: f.__name__)
+def test_below_ad_inplace_or_view_no_version_moves_as_with_stock(entry):
+    for fn, want in ((stock_copy, [0, 0]), (entry, [0, 0])):
+        d = [torch.zeros(4), torch.zeros(3)]
+        with torch._C._AutoDispatchBelowADInplaceOrView():
+            fn(d, [torch.ones(4), torch.ones(3)])
+        assert [t._version for t in d] == want and torch.equal(d[0], torch.ones(4))
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("lazy", ["conj", "neg"])
+def test_a_lazy_bit_destination_gets_stocks_error(entry, lazy):
+    def make():
+        if lazy == "conj":
+            bad = torch.zeros(2, dtype=torch.complex64).conj()
+            return [torch.zeros(2, dtype=torch.complex64), bad], [torch.ones(2, dtype=torch.complex64)] * 2
+        return [torch.zeros(2), torch.zeros(2)._neg_view()], [torch.ones(2), torch.ones(2)]
+
+    d, s = make()
+    with pytest.raises(RuntimeError) as want:
+        stock_copy(d, s)
+    d, s = make()
+    with pytest.raises(RuntimeError) as got:
+        entry(d, s)
+    # The op's own name stands where stock names aten::_foreach_copy_.
+    assert str(got.value).replace("npu_dispatch::foreach_copy_", "aten::_foreach_copy_") == str(want.value)
+    assert torch.equal(d[0], torch.zeros_like(d[0]))
+
+
+def test_jit_trace_records_the_copy():
+    def fn(a, b):
+        nd.foreach_copy_([a], [b])
+        return a + 0
+
+    traced = torch.jit.trace(fn, (torch.zeros(3), torch.ones(3)))
+    assert "aten::copy_" in str(traced.graph)  # stock's copies, as tracing stock records them
+    out = traced(torch.zeros(3), torch.full((3,), 2.0))
+    assert torch.equal(out, torch.full((3,), 2.0))
+
+
+@pytest.mark.parametrize("before", [(0,), (3,), ()], ids=["after_empty", "after_cast", "after_0dim"])
+def test_zero_dim_nan_casts_follow_stock_whatever_came_before(before):
+    def make():
+        nan = torch.tensor(0x7FC00000, dtype=torch.int32).view(f32)
+        return [torch.zeros(before, dtype=bf16), torch.zeros((), dtype=bf16)], [torch.full(before, float("nan")), nan]
+
+    d, s = make()
+    stock_copy(d, s)
+    want = [bits(t) for t in d]
+    for entry in ENTRIES:
+        d, s = make()
+        entry(d, s)
+        assert all(torch.equal(bits(a), b) for a, b in zip(d, want)), entry.__name__
+
+
+def test_touch_pairs_refuses_tensors_without_storage():
+    touch = _native.module().touch_pairs
+    with pytest.raises(TypeError, match="strided"):
+        touch([torch.zeros(2).to_sparse()], [torch.zeros(2)])
+
+
+def test_lists_emptied_by_another_thread_during_the_copy():
+    # Above 512 KB the copy runs without the GIL; another thread empties the lists meanwhile. The
+    # call must keep its tensors alive until it has bumped their versions: tensors made right
+    # after they die must start at version 0.
+    for _ in range(3):
+        n = 1 << 20
+        d = [torch.zeros(n), torch.zeros(n)]
+        s = [torch.ones(n), torch.ones(n)]
+        fresh = []
+        weakref.finalize(s[1], lambda: fresh.extend(torch.zeros(1) for _ in range(8)))
+        go = threading.Event()
+
+        def other():
+            go.wait()
+            d.clear()
+            s.clear()
+
+        t = threading.Thread(target=other)
+        t.start()
+        old = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)
+        try:
+            go.set()
+            assert _native.direct_op()(d, s, False)
+        finally:
+            sys.setswitchinterval(old)
+        t.join()
+        gc.collect()
+        assert fresh and all(x._version == 0 for x in fresh)
+
+
+LARGE = 200_000  # elements per pair: past the parallel threshold, the GIL release and FBGEMM chunks
+
+
+@pytest.mark.parametrize("sdt, ddt", [(f32, bf16), (bf16, f32), (f32, f16), (f16, f32), (f32, f32), (bf16, bf16)])
+@pytest.mark.parametrize("adjacent", [False, True])
+def test_large_lists_take_the_lane_and_match_stock(sdt, ddt, adjacent):
+    c = case([contiguous((LARGE + k,), sdt, ddt) for k in (0, 7, 33)], adjacent, adjacent, seed=3)
+    before = lane_calls()
+    assert_same(run(c, stock_copy), run(c, direct_copy))
+    assert lane_calls() == before + 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(lane_cases())
+def test_lane_counts_match_the_python_planner(c):
+    def counted():
+        mode = nd.NpuFastCopyMode()
+        with mode:
+            dsts, srcs, _ = build(c)
+            try:
+                torch._foreach_copy_(dsts, srcs)
+            except RuntimeError:
+                pass
+        d = mode.stats.as_dict()
+        return d["paths"], d["fallback_reasons"]
+
+    native = counted()
+    planned = _native.planned_op
+    _native.planned_op = lambda: None  # the Python planner, the spec
+    try:
+        python = counted()
+    finally:
+        _native.planned_op = planned
+    assert native == python
