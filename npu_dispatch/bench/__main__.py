@@ -41,6 +41,8 @@ def run(args: argparse.Namespace) -> dict:
     names = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
     workloads = by_name(names)
     log = lambda s: print(f"[bench] {s}", file=sys.stderr, flush=True)  # noqa: E731
+    # Before the workloads: the load average must be the machine's, not this run's own.
+    machine = machine_info(cfg.threads)
     before = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
     try:
@@ -49,7 +51,7 @@ def run(args: argparse.Namespace) -> dict:
         torch.set_num_threads(before)  # run() is also called in-process (tests)
     return {
         "schema": 1,
-        "machine": machine_info(cfg.threads),
+        "machine": machine,
         "config": {"quick": args.quick, "rounds": cfg.rounds, "min_run_time_s": cfg.min_run_time,
                    "threads": cfg.threads, "only": names},
         "workloads": rows,
