@@ -7,6 +7,7 @@
 #include <atomic>
 
 #include "execute.h"
+#include "plan.h"
 
 namespace npu_dispatch {
 namespace {
@@ -23,18 +24,6 @@ c10::DispatchKeySet plain_cpu_keys() {
       c10::getAutogradRelatedKeySetFromBackend(c10::BackendComponent::CPUBit) |
       c10::getAutocastRelatedKeySetFromBackend(c10::BackendComponent::CPUBit);
   return ks;
-}
-
-// plan.cpp copy_dtype: the others may raise midway, and the planner sends them to stock.
-bool copy_dtype(c10::ScalarType t) {
-  switch (t) {
-    case at::kBool: case at::kByte: case at::kChar: case at::kShort: case at::kInt:
-    case at::kLong: case at::kHalf: case at::kBFloat16: case at::kFloat: case at::kDouble:
-    case at::kComplexFloat: case at::kComplexDouble:
-      return true;
-    default:
-      return false;
-  }
 }
 
 uint16_t dtype_pair(c10::ScalarType src, c10::ScalarType dst) {

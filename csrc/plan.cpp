@@ -49,19 +49,6 @@ bool addressable(const at::Tensor& t) {
   }
 }
 
-// plan.py _COPY_DTYPES: copy_ between these never raises; others (quantized, bits, float8...)
-// may raise midway, so the whole call stays on stock.
-bool copy_dtype(c10::ScalarType t) {
-  switch (t) {
-    case at::kBool: case at::kByte: case at::kChar: case at::kShort: case at::kInt:
-    case at::kLong: case at::kHalf: case at::kBFloat16: case at::kFloat: case at::kDouble:
-    case at::kComplexFloat: case at::kComplexDouble:
-      return true;
-    default:
-      return false;
-  }
-}
-
 // plan.py _dense: contiguous in some dim order.
 bool dense(const at::Tensor& t) {
   if (t.is_contiguous() || t.is_contiguous(at::MemoryFormat::ChannelsLast)) {
@@ -436,6 +423,16 @@ class Planner {
 
 }  // namespace
 
+bool copy_dtype(c10::ScalarType t) {
+  switch (t) {
+    case at::kBool: case at::kByte: case at::kChar: case at::kShort: case at::kInt:
+    case at::kLong: case at::kHalf: case at::kBFloat16: case at::kFloat: case at::kDouble:
+    case at::kComplexFloat: case at::kComplexDouble:
+      return true;
+    default:
+      return false;
+  }
+}
 
 void check_lists(at::TensorList dsts, at::TensorList srcs) {
   // ATen check_foreach_api_restrictions: both lists non-empty, then equal lengths.

@@ -68,4 +68,8 @@ std::vector<int64_t> encode_plan(const Plan& p);
 
 void check_lists(at::TensorList dsts, at::TensorList srcs);
 
+// plan.py _COPY_DTYPES: copy_ between these never raises; others (quantized, bits, float8...)
+// may raise midway, so the whole call stays on stock.
+bool copy_dtype(c10::ScalarType t);
+
 }  // namespace npu_dispatch
