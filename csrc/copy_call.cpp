@@ -1,6 +1,7 @@
 #include "copy_call.h"
 
 #include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/ops/_foreach_copy.h>
 #include <c10/core/GradMode.h>
 
 #include "capability_table.h"
@@ -11,6 +12,13 @@
 namespace npu_dispatch {
 
 namespace {
+
+bool has_lazy_bit_dst(at::TensorList dsts) {
+  for (const auto& d : dsts) {
+    if (d.defined() && (d.is_conj() || d.is_neg())) return true;
+  }
+  return false;
+}
 
 bool any_requires_grad(at::TensorList ts) {
   for (const auto& t : ts) {
@@ -23,6 +31,17 @@ bool any_requires_grad(at::TensorList ts) {
 
 std::vector<int64_t> plan_and_run(at::TensorList dsts, at::TensorList srcs, bool non_blocking,
                                   bool strict, bool bump, bool defer_if_grad) {
+  if (has_lazy_bit_dst(dsts)) {
+    // plan.py lazy_bit_dst: stock's dispatcher raises for such a list before checking it, so the
+    // stock op gives the error (and, were it ever to accept the list, the copy and its bumps).
+    at::_foreach_copy_(dsts, srcs, non_blocking);
+    std::vector<int64_t> v(kCountsLen, 0);
+    v[0] = kExecuted | kBumped;
+    v[path_slot(kStock, 0)] = static_cast<int64_t>(dsts.size());
+    v[path_slot(kStock, 2)] = static_cast<int64_t>(dsts.size());
+    v[reason_slot(Kind::ConjNeg)] = 1;
+    return v;
+  }
   check_lists(dsts, srcs);
   if (defer_if_grad && c10::GradMode::is_enabled() &&
       (any_requires_grad(dsts) || any_requires_grad(srcs))) {

@@ -46,8 +46,9 @@ class Executor {
       for (size_t i = 0; i < dsts_.size(); ++i) {
         auto d = dsts_[i];
         d.copy_(srcs_[i], non_blocking_);
-        // Stock's version bump raises this, after the write; the executor runs below it.
-        TORCH_CHECK(!(outside_inference && d.is_inference()), kInferenceWriteError);
+        // Stock's version bump raises this, after the write; the executor runs below it. Where
+        // stock bumps nothing (below ADInplaceOrView), it raises nothing either.
+        TORCH_CHECK(!(bump && outside_inference && d.is_inference()), kInferenceWriteError);
         if (bump && !d.is_inference()) d.unsafeGetTensorImpl()->bump_version();
       }
     } else {

@@ -187,9 +187,11 @@ class Planner {
       if (!pi.ddense && at::has_internal_overlap(d) == at::MemOverlap::Yes) {
         return stock(Kind::MayRaise, i, 1);
       }
-      // Like plan.py's data_ptr(): a copy-on-write destination is materialized here, before its
-      // address is compared with anything.
-      pi.dptr = reinterpret_cast<int64_t>(d.mutable_data_ptr());
+      // Addresses as they are now, as plan.py's const_data_ptr(): planning materializes no
+      // copy-on-write destination (the copy will). Such a destination still shares memory with
+      // its sibling, so the comparisons below see an overlap where the copy would not: stock's
+      // loop then takes the call, which is never wrong.
+      pi.dptr = reinterpret_cast<int64_t>(d.const_data_ptr());
       pi.sptr = reinterpret_cast<int64_t>(s.const_data_ptr());
       dst_iv_.push_back({device_rank(dd), pi.dptr, pi.dptr + span_bytes(d), i, true});
       if (s.numel() != 0) {

@@ -33,15 +33,19 @@ std::vector<int64_t> plan_op(at::TensorList self, at::TensorList src) {
   return plan_encoded(self, src);
 }
 
-// Stock's in-place op bumps version counters in its ADInplaceOrView kernel, which a caller below
-// it (torch._C._AutoDispatchBelowADInplaceOrView) skips.
-bool bump_versions() {
-  return !c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView);
+// npu_dispatch/engine.py stock_bumps: below ADInplaceOrView stock's CPU copy_ loop bumps no
+// version counter; CUDA's fused route bumps anyway, so any non-CPU destination keeps the bumps.
+bool bump_versions(at::TensorList dsts) {
+  if (!c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView)) return true;
+  for (const auto& d : dsts) {
+    if (d.defined() && !d.is_cpu()) return true;
+  }
+  return false;
 }
 
 void foreach_copy_kernel(at::TensorList self, at::TensorList src, bool non_blocking) {
   const int64_t t0 = now_ns();
-  const auto counts = plan_and_run(self, src, non_blocking, false, bump_versions());
+  const auto counts = plan_and_run(self, src, non_blocking, false, bump_versions(self));
   record_direct(kOpForeachCopy, counts, now_ns() - t0);
 }
 
@@ -55,7 +59,7 @@ std::tuple<at::Tensor, at::Tensor> all_gather_copy_in_kernel(
   std::vector<int64_t> counts;
   {
     c10::AutoGradMode no_grad(false);
-    counts = plan_and_run(dsts, all_gather_inputs, false, false, bump_versions());
+    counts = plan_and_run(dsts, all_gather_inputs, false, false, bump_versions({all_gather_output}));
   }
   record_direct(kOpAllGatherCopyIn, counts, now_ns() - t0);
   return {all_gather_input, all_gather_output};

@@ -27,11 +27,28 @@ from ._native_plan import BLOCKED, DEFERRED, decode_counts, native_plan
 from .errors import FastCopyFallbackError, FastCopyMismatchError
 from .stats import CopyStats
 
-__all__ = ["busy", "foreach_copy", "all_gather_copy_in"]
+__all__ = ["busy", "stock_bumps", "foreach_copy", "all_gather_copy_in"]
 
 _local = threading.local()
 _aten_foreach_copy_ = torch.ops.aten._foreach_copy_.default
 _profiling = torch._C._autograd._profiler_enabled
+
+
+_AD_INPLACE_OR_VIEW = torch._C.DispatchKey.ADInplaceOrView
+
+
+def stock_bumps(dsts: Sequence) -> bool:
+    """Whether stock ``_foreach_copy_`` called here would bump the destinations' version counters.
+
+    Always, except below ADInplaceOrView (``torch._C._AutoDispatchBelowADInplaceOrView``), where
+    its CPU kernel, a ``copy_`` loop, bumps nothing; CUDA's fused route bumps there too
+    (``foreach_tensor_copy_list_kernel_cuda_``), so any non-CPU destination keeps the bumps.
+    For callers that bypass the dispatcher (a dispatch mode's handler sees ADInplaceOrView
+    excluded on every call, so it must not ask).
+    """
+    if not torch._C._dispatch_tls_is_dispatch_key_excluded(_AD_INPLACE_OR_VIEW):
+        return True
+    return any(isinstance(d, torch.Tensor) and d.device.type != "cpu" for d in dsts)
 
 
 def busy() -> bool:
@@ -79,7 +96,8 @@ def _stock(p: _plan.Plan, dsts, srcs, non_blocking: bool, bump: bool) -> None:
         outside_inference = not torch.is_inference_mode_enabled()
         for d, s in zip(dsts, srcs):
             d.copy_(s, non_blocking=non_blocking)
-            if outside_inference and d.is_inference():  # stock's version bump raises, after the write
+            # Stock's version bump raises this, after the write (no bump, no error).
+            if bump and outside_inference and d.is_inference():
                 raise RuntimeError(_plan.INFERENCE_WRITE_ERROR)
             if bump:
                 torch.autograd.graph.increment_version(d)
@@ -192,8 +210,14 @@ def foreach_copy(
         FastCopyFallbackError: ``strict`` and some pair would fall back (nothing is written).
         FastCopyMismatchError: ``verify`` and the result differs bitwise from stock.
     """
-    _plan.check_lists(dsts, srcs)
     planned = _native.planned_op()
+    if planned is None or verify:  # the native entry makes these checks itself, in C++
+        if _plan.lazy_bit_dst(dsts) is not None:
+            # Stock's dispatcher raises for such a list before checking it: its error, from it.
+            _aten_foreach_copy_(list(dsts), list(srcs), non_blocking)
+            stats.record_passthrough(op, "conj_neg")
+            return True
+        _plan.check_lists(dsts, srcs)
     if defer_if_grad and (planned is None or verify) and torch.is_grad_enabled() and any(
         t.requires_grad for t in (*dsts, *srcs)
     ):
@@ -287,13 +311,15 @@ def all_gather_copy_in(
     op: str = "fsdp.all_gather_copy_in",
     strict: bool = False,
     verify: bool = False,
+    bump: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FSDP2's copy-in, as ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py`` does it.
 
     Narrows ``all_gather_output`` (1-D, ``world_size * all_gather_input_numel`` elements) to this
     rank's slice, splits it by ``inp_split_sizes`` and copies ``all_gather_inputs`` (1-D shards)
     into the splits. Returns ``(all_gather_input, all_gather_output)``; the first is a view of the
-    second. Narrow and split raise stock's errors, before anything is written.
+    second. Narrow and split raise stock's errors, before anything is written. ``bump``: as for
+    :func:`foreach_copy` (each split of the output moves the output's counter once).
     """
     # The views must carry autograd view metadata (``_base``) as stock's do; inside a dispatch
     # mode's handler ADInplaceOrView is excluded, so let it run for narrow and split.
@@ -302,5 +328,5 @@ def all_gather_copy_in(
         all_gather_input = all_gather_output.narrow(0, all_gather_input_numel * rank, all_gather_input_numel)
         dsts = torch.split(all_gather_input, inp_split_sizes)
     with torch.no_grad():
-        foreach_copy(dsts, all_gather_inputs, False, stats=stats, op=op, strict=strict, verify=verify)
+        foreach_copy(dsts, all_gather_inputs, False, stats=stats, op=op, strict=strict, verify=verify, bump=bump)
     return all_gather_input, all_gather_output

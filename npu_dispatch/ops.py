@@ -28,13 +28,14 @@ _lib.define(
 
 def _foreach_copy_kernel(self: list[torch.Tensor], src: list[torch.Tensor], non_blocking: bool = False) -> None:
     # The counters object itself: global_stats() would first drain the C++ kernels' counters.
-    engine.foreach_copy(self, src, non_blocking, stats=_stats._GLOBAL, op="npu_dispatch.foreach_copy_")
+    engine.foreach_copy(self, src, non_blocking, stats=_stats._GLOBAL, op="npu_dispatch.foreach_copy_",
+                        bump=engine.stock_bumps(self))
 
 
 def _all_gather_copy_in_kernel(all_gather_inputs, all_gather_output, inp_split_sizes, all_gather_input_numel, rank):
     return engine.all_gather_copy_in(
         all_gather_inputs, all_gather_output, inp_split_sizes, all_gather_input_numel, rank,
-        stats=_stats._GLOBAL, op="npu_dispatch.all_gather_copy_in",
+        stats=_stats._GLOBAL, op="npu_dispatch.all_gather_copy_in", bump=engine.stock_bumps([all_gather_output]),
     )
 
 
@@ -136,7 +137,7 @@ def foreach_copy_(
         return self
     if not (_plain_call() and engine.foreach_copy(
         self, src, non_blocking, stats=_stats._GLOBAL, op="npu_dispatch.foreach_copy_", defer_if_grad=True,
-        bump=not torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.ADInplaceOrView),
+        bump=engine.stock_bumps(self),
     )):
         torch.ops.npu_dispatch.foreach_copy_.default(self, src, non_blocking)
     return self

@@ -30,7 +30,7 @@ import torch
 
 from . import capabilities
 
-__all__ = ["Plan", "Run", "Group", "build_plan", "check_lists"]
+__all__ = ["Plan", "Run", "Group", "build_plan", "check_lists", "lazy_bit_dst"]
 
 _Tensor = torch.Tensor
 _strided = torch.strided
@@ -84,6 +84,18 @@ def _zero_dim_cast_text(i: int, sdt: torch.dtype, ddt: torch.dtype) -> str:
         f"pair {i} converts a 0-dim {_dt(sdt)} into {_dt(ddt)}: stock's bits for it depend on the "
         "copies before it, so the call runs as stock's sequential copy_ loop"
     )
+
+
+def lazy_bit_dst(dsts: Sequence) -> int | None:
+    """Index of the first destination with a lazy conjugate or negative bit, or None.
+
+    Stock's dispatcher (the Conjugate and Negative fallbacks) refuses a mutable list holding one,
+    before its kernel checks the lists or writes anything; the stock op raises that error.
+    """
+    for i, d in enumerate(dsts):
+        if isinstance(d, _Tensor) and (d.is_conj() or d.is_neg()):
+            return i
+    return None
 
 
 def check_lists(dsts: Sequence, srcs: Sequence) -> None:
@@ -207,8 +219,8 @@ def _in_one_storage(t: _Tensor, nbytes: int) -> bool:
     Adjacent addresses alone are not enough: two allocations can sit side by side (the CUDA and
     NPU caching allocators split one segment), and a flat view must not leave its storage.
     """
-    st = t.untyped_storage()
-    return t.data_ptr() + nbytes <= st.data_ptr() + st.nbytes()
+    base = t.const_data_ptr() - t.storage_offset() * t.element_size()
+    return t.const_data_ptr() + nbytes <= base + t.untyped_storage().nbytes()
 
 
 def _first_overlap(
@@ -267,11 +279,9 @@ def build_plan(
         plan.stock_reason = (kind, text)
         return plan
 
-    # Stock's dispatcher refuses a mutable list holding a conjugate or negative view before any
-    # kernel runs; the stock op gives the same error.
-    for i, d in enumerate(dsts):
-        if isinstance(d, _Tensor) and (d.is_conj() or d.is_neg()):
-            return stock("conj_neg", _lazy_bit_dst_text(i))
+    lazy = lazy_bit_dst(dsts)
+    if lazy is not None:
+        return stock("conj_neg", _lazy_bit_dst_text(lazy))
 
     for i in range(n):
         d, s = dsts[i], srcs[i]
@@ -317,9 +327,9 @@ def build_plan(
         ddense = d.is_contiguous() or _dense(d)
         if not ddense and torch._debug_has_internal_overlap(d) == 1:
             return stock("may_raise", f"dst[{i}] has internal overlap: stock raises there")
-        intervals.append((str(dd), d.data_ptr(), d.data_ptr() + _span_bytes(d), i, True))
+        intervals.append((str(dd), d.const_data_ptr(), d.const_data_ptr() + _span_bytes(d), i, True))
         if s.numel():
-            intervals.append((str(sd), s.data_ptr(), s.data_ptr() + _span_bytes(s), i, False))
+            intervals.append((str(sd), s.const_data_ptr(), s.const_data_ptr() + _span_bytes(s), i, False))
         if reason is None:
             reason = _off_route(i, d, s, dd, sd, ddense, caps, lookup)
         if reason is None:
@@ -372,8 +382,8 @@ def _coalesce_and_group(plan: Plan, fast: list[int], dsts, srcs, caps) -> None:
     def close() -> None:
         if len(run) > 1:
             d0, s0 = dsts[run[0]], srcs[run[0]]
-            nbytes_d = d_end - d0.data_ptr()
-            nbytes_s = s_end - s0.data_ptr()
+            nbytes_d = d_end - d0.const_data_ptr()
+            nbytes_s = s_end - s0.const_data_ptr()
             if _in_one_storage(d0, nbytes_d) and _in_one_storage(s0, nbytes_s):
                 plan.runs.append(
                     Run(list(run), nbytes_d // d0.element_size(), d0.device, s0.dtype, d0.dtype)
@@ -387,8 +397,8 @@ def _coalesce_and_group(plan: Plan, fast: list[int], dsts, srcs, caps) -> None:
             p = run[-1]
             pd, ps = dsts[p], srcs[p]
             if (
-                d.data_ptr() == d_end
-                and s.data_ptr() == s_end
+                d.const_data_ptr() == d_end
+                and s.const_data_ptr() == s_end
                 and d.dtype == pd.dtype
                 and s.dtype == ps.dtype
                 and d.device == pd.device
@@ -403,8 +413,8 @@ def _coalesce_and_group(plan: Plan, fast: list[int], dsts, srcs, caps) -> None:
             run = []
         if d.is_contiguous() and s.is_contiguous():
             run = [i]
-            d_end = d.data_ptr() + d.numel() * d.element_size()
-            s_end = s.data_ptr() + s.numel() * s.element_size()
+            d_end = d.const_data_ptr() + d.numel() * d.element_size()
+            s_end = s.const_data_ptr() + s.numel() * s.element_size()
         else:
             singles.append(i)
     close()

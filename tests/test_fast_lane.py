@@ -436,3 +436,64 @@ def test_lane_counts_match_the_python_planner(c):
     finally:
         _native.planned_op = planned
     assert native == python
+
+
+def test_inference_destination_below_ad_inplace_or_view_raises_nothing_as_stock():
+    def make():
+        with torch.inference_mode():
+            t = torch.zeros(3)
+        return [torch.zeros(2), t], [torch.ones(2), torch.ones(3)]
+
+    for entry in (stock_copy, direct_copy, op_copy):
+        d, s = make()
+        with torch._C._AutoDispatchBelowADInplaceOrView():
+            entry(d, s)
+        assert torch.equal(d[1], torch.ones(3)) and d[0]._version == 0, entry.__name__
+
+
+def test_copy_in_below_ad_inplace_or_view_moves_no_version_as_stock():
+    import torch.distributed.fsdp  # noqa: F401  registers fsdp::all_gather_copy_in
+
+    for fn in (torch.ops.fsdp.all_gather_copy_in, nd.all_gather_copy_in,
+               torch.ops.npu_dispatch.all_gather_copy_in.default):
+        out = torch.zeros(20)
+        with torch._C._AutoDispatchBelowADInplaceOrView():
+            fn([torch.ones(4), torch.ones(6)], out, [4, 6], 10, 1)
+        assert out._version == 0 and torch.equal(out[10:], torch.ones(10)), fn
+
+
+def test_a_lazy_bit_destination_beats_the_list_length_error_as_in_stock():
+    def make():
+        return [torch.zeros(2, dtype=torch.complex64), torch.zeros(2, dtype=torch.complex64).conj()], \
+            [torch.ones(2, dtype=torch.complex64)]
+
+    with pytest.raises(RuntimeError) as want:
+        stock_copy(*make())
+    with pytest.raises(RuntimeError) as got:
+        direct_copy(*make())
+    assert str(got.value) == str(want.value) and "conjugate" in str(got.value)
+
+
+def test_planning_materializes_no_copy_on_write_destination():
+    a = torch.arange(8.0)
+    d = [a._lazy_clone(), torch.zeros(4, 2).t()]
+    s = [torch.ones(8), torch.ones(2, 4)]
+    nd.explain(d, s)
+    with pytest.raises(nd.FastCopyFallbackError):
+        with nd.NpuFastCopyMode(strict=True):
+            torch._foreach_copy_(d, s)
+    assert torch._C._is_cow_tensor(d[0]) and torch.equal(d[0], torch.arange(8.0))
+
+
+def test_a_destination_sharing_memory_with_its_source_by_copy_on_write_matches_stock():
+    def make():
+        a = torch.arange(6.0)
+        return a, [a._lazy_clone(), torch.zeros(2)], [a.flip(0), torch.ones(2)]
+
+    a0, d0, s0 = make()
+    stock_copy(d0, s0)
+    for entry in ENTRIES:
+        a1, d1, s1 = make()
+        entry(d1, s1)
+        assert all(torch.equal(x, y) for x, y in zip(d0, d1)) and torch.equal(a1, a0), entry.__name__
+        assert [t._version for t in d1] == [t._version for t in d0]
