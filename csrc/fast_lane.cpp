@@ -2,6 +2,7 @@
 
 #include <ATen/record_function.h>
 #include <c10/core/DispatchKeySet.h>
+#include <c10/core/impl/COW.h>
 
 #include <algorithm>
 #include <atomic>
@@ -24,6 +25,17 @@ c10::DispatchKeySet plain_cpu_keys() {
       c10::getAutogradRelatedKeySetFromBackend(c10::BackendComponent::CPUBit) |
       c10::getAutocastRelatedKeySetFromBackend(c10::BackendComponent::CPUBit);
   return ks;
+}
+
+// Copy-on-write storages: a cow DataPtr in every torch our range covers, and where StorageImpl
+// has materializers (newer torch), any storage with one.
+template <typename S>
+auto lazily_materialized(const S& st, int) -> decltype(st.has_materializer()) {
+  return st.has_materializer() || c10::impl::cow::is_cow_data_ptr(st.data_ptr());
+}
+template <typename S>
+bool lazily_materialized(const S& st, long) {
+  return c10::impl::cow::is_cow_data_ptr(st.data_ptr());
 }
 
 uint16_t dtype_pair(c10::ScalarType src, c10::ScalarType dst) {
@@ -93,7 +105,7 @@ bool FastLane::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* src
     if (!dst_storage || !src_storage) return false;
     // A copy-on-write (or otherwise lazily materialized) destination would be materialized by
     // mutable_data below even if a later pair sent the call elsewhere: leave it to the planner.
-    if (dst_storage.unsafeGetStorageImpl()->has_materializer()) return false;
+    if (lazily_materialized(*dst_storage.unsafeGetStorageImpl(), 0)) return false;
     const auto ditem = static_cast<int64_t>(d->itemsize());
     const auto sitem = static_cast<int64_t>(s->itemsize());
     // StorageImpl::mutable_data raises where a write is forbidden, as TensorImpl::mutable_data.
