@@ -15,7 +15,10 @@ def test_doctor_prints_versions_devices_and_capability_table():
     for row in ("torch_npu", "CANN", "triton", "native extension"):
         assert any(line.startswith(row) for line in out.splitlines()), row
     assert "  npu   launch: 48 tensors" in out and "  cpu   launch:" in out
-    assert "native extension   built: loaded npu_dispatch_native" in out
+    if os.environ.get("NPU_DISPATCH_NATIVE", "1") == "0":
+        assert "native extension   not built: " in out and "NPU_DISPATCH_NATIVE=0" in out
+    else:
+        assert "native extension   built: loaded npu_dispatch_native" in out
 
 
 def test_doctor_probes_a_broken_torch_npu_without_importing_it(tmp_path):
