@@ -176,9 +176,8 @@ bool CpuCopyBatch::add_pair(const at::Tensor& dst, const at::Tensor& src) {
     return true;
   }
   const auto& cfg = config_->ops[static_cast<int>(op)];
-  // Stock converts a 0-dim tensor through its scalar path (TensorIterator has no dim for the
-  // vectorized kernel's stride test), whose NaN bits differ.
-  if (cfg.fns == nullptr || dst.dim() == 0) return false;
+  // No 0-dim conversion gets here: the planner sends it to stock's loop (order_dependent).
+  if (cfg.fns == nullptr) return false;
   if (cfg.fbgemm_split) {
     if (!fbgemm_layout(dst, src)) return false;
     if (op == CopyOp::F16ToF32) {
@@ -225,12 +224,7 @@ bool CpuCopyBatch::add_run(at::TensorList dsts, at::TensorList srcs, const int64
   CopyOp op;
   if (!op_for(s0.scalar_type(), d0.scalar_type(), &op)) return false;
   const auto& cfg = config_->ops[static_cast<int>(op)];
-  if (op != CopyOp::Memcpy) {
-    if (cfg.fns == nullptr) return false;
-    for (int64_t k = 0; k < count; ++k) {
-      if (dsts[members[k]].dim() == 0) return false;  // see add_pair
-    }
-  }
+  if (op != CopyOp::Memcpy && cfg.fns == nullptr) return false;
   if (op == CopyOp::F16ToF32 && cfg.fbgemm_split) {
     // Stock copies pair by pair, each with its own scalar tail.
     for (int64_t k = 0; k < count; ++k) {

@@ -98,7 +98,7 @@ bool FastLane::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* src
       continue;
     }
     if (!d->is_contiguous() || !s->is_contiguous()) return false;
-    // The kernel refuses 0-dim conversions (cpu_copy_kernel.cpp add_pair).
+    // A 0-dim conversion: the planner sends the whole call to stock's loop (order_dependent).
     if (op != CopyOp::Memcpy && dsz.empty()) return false;
     const c10::Storage& dst_storage = d->unsafe_storage();
     const c10::Storage& src_storage = s->unsafe_storage();

@@ -73,16 +73,11 @@ def _range(name: str):
 
 
 # CPU dtype pairs whose stock copy converts each element alike wherever it sits: a byte copy, or
-# ATen's vectorized fp32<->bf16 (partial vectors at the tail, no scalar path).
+# ATen's vectorized fp32<->bf16 (partial vectors at the tail, no scalar path). A run never holds
+# a 0-dim conversion: the planner sends those calls to stock's loop (order_dependent).
 _CPU_FLAT_OK = frozenset((d, d) for d in capabilities.COPY_DTYPES) | {
     (torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32)
 }
-
-
-def _cpu_flat_ok(r: _plan.Run, dsts, src_dtype: torch.dtype, dst_dtype: torch.dtype) -> bool:
-    if (src_dtype, dst_dtype) not in _CPU_FLAT_OK:
-        return False
-    return src_dtype == dst_dtype or all(dsts[i].dim() for i in r.indices)
 
 
 def _nbytes(tensors: Sequence[torch.Tensor], idx: list[int]) -> int:
@@ -123,10 +118,9 @@ def _execute(p: _plan.Plan, dsts, srcs, non_blocking: bool, bump: bool = False) 
             for r in p.runs:
                 d0, s0 = dsts[r.indices[0]], srcs[r.indices[0]]
                 nbytes += r.numel * d0.element_size()
-                if d0.device.type == "cpu" and not _cpu_flat_ok(r, dsts, s0.dtype, d0.dtype):
+                if d0.device.type == "cpu" and (s0.dtype, d0.dtype) not in _CPU_FLAT_OK:
                     # Stock's CPU result can depend on where a copy ends (FBGEMM's fp16 tails,
-                    # scalar tails of at::vec::convert) or on the shape (a 0-dim tensor takes
-                    # the scalar conversion): copy pair by pair, as stock does.
+                    # scalar tails of at::vec::convert): copy pair by pair, as stock does.
                     _aten_foreach_copy_(
                         [dsts[i] for i in r.indices], [srcs[i] for i in r.indices], non_blocking
                     )

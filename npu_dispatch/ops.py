@@ -47,19 +47,19 @@ _lib.impl("foreach_copy_", _foreach_copy_kernel, "CompositeExplicitAutograd")
 _lib.impl("all_gather_copy_in", _all_gather_copy_in_kernel, "CompositeExplicitAutograd")
 
 
-def _has_tangent(tensors) -> bool:
+def _has_tangent(*lists) -> bool:
     """Whether forward-mode AD is on and a tensor carries a tangent (stock has no forward
-    formula for ``_foreach_copy_`` and raises)."""
+    formula for ``_foreach_copy_`` and raises). O(1) while forward AD is off."""
     if _fwad._current_level < 0:
         return False
-    return any(_fwad.unpack_dual(t).tangent is not None for t in tensors)
+    return any(_fwad.unpack_dual(t).tangent is not None for ts in lists for t in ts)
 
 
 def _foreach_copy_autograd(self, src, non_blocking=False) -> None:
     # Gradients flow as through stock: when any tensor requires grad, the stock op records the
     # graph (and raises stock's errors, e.g. for an in-place write into a leaf that requires grad);
     # forward-mode tangents get stock's error.
-    if (torch.is_grad_enabled() and any(t.requires_grad for t in (*self, *src))) or _has_tangent((*self, *src)):
+    if (torch.is_grad_enabled() and any(t.requires_grad for t in (*self, *src))) or _has_tangent(self, src):
         torch.ops.aten._foreach_copy_.default(self, src, non_blocking)
         return
     with torch._C._AutoDispatchBelowAutograd():
@@ -123,17 +123,17 @@ def foreach_copy_(
     # Lists pass as they are (the C++ entry reads them in place); other sequences are copied once.
     self = self if type(self) is list else list(self)
     src = src if type(src) is list else list(src)
-    # The fast lane (csrc/fast_lane.h) checks in C++ that no dispatch or torch function mode
-    # would see the op and that no tensor requires grad; a compiler or the JIT tracer recording
-    # this function, or forward-mode AD, takes the op below instead.
-    direct = _native.direct_op()
-    if (direct is not None and not torch.compiler.is_compiling() and not torch._C._get_tracing_state()
-            and _fwad._current_level < 0 and direct(self, src, non_blocking)):
-        return self
     if torch._C._get_tracing_state():
         # The JIT tracer records no call of a custom op that returns nothing; stock's per-pair
         # copy_ calls it records, with the same result.
         torch._foreach_copy_(self, src, non_blocking=non_blocking)
+        return self
+    # The fast lane (csrc/fast_lane.h) checks in C++ that no dispatch or torch function mode
+    # would see the op and that no tensor requires grad; a compiler recording this function, or
+    # forward-mode AD, takes the op below instead.
+    direct = _native.direct_op()
+    if (direct is not None and not torch.compiler.is_compiling() and _fwad._current_level < 0
+            and direct(self, src, non_blocking)):
         return self
     if not (_plain_call() and engine.foreach_copy(
         self, src, non_blocking, stats=_stats._GLOBAL, op="npu_dispatch.foreach_copy_", defer_if_grad=True,

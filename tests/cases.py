@@ -11,6 +11,29 @@ import math
 import torch
 from hypothesis import strategies as st
 
+import npu_dispatch as nd
+
+
+# ---- the entries compared with stock ----------------------------------------------------------
+
+
+def stock_copy(dsts, srcs):
+    torch._foreach_copy_(dsts, srcs)
+
+
+def direct_copy(dsts, srcs):
+    nd.foreach_copy_(dsts, srcs)
+
+
+def op_copy(dsts, srcs):
+    # Through the dispatcher: the op's kernels (C++ on CPU once the native library loads).
+    torch.ops.npu_dispatch.foreach_copy_.default(dsts, srcs)
+
+
+def mode_copy(dsts, srcs):
+    with nd.NpuFastCopyMode():
+        torch._foreach_copy_(dsts, srcs)
+
 FLOATS = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 INTS = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
 OTHERS = [torch.bool, torch.complex64, torch.complex128]

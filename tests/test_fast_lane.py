@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 import npu_dispatch as nd
 from npu_dispatch import _native
-from cases import Case, Pair, assert_same, bits, build, run, storage_bytes
+from cases import (Case, Pair, assert_same, bits, build, direct_copy, mode_copy, op_copy, run, stock_copy,
+                   storage_bytes)
 
 if not _native.available():
     if os.environ.get("NPU_DISPATCH_REQUIRE_NATIVE") == "1":
@@ -31,23 +32,6 @@ f32, f16, bf16, i32, f64 = torch.float32, torch.float16, torch.bfloat16, torch.i
 
 def lane_calls() -> int:
     return _native.info()["fast_lane_calls"]
-
-
-def stock_copy(dsts, srcs):
-    torch._foreach_copy_(dsts, srcs)
-
-
-def direct_copy(dsts, srcs):
-    nd.foreach_copy_(dsts, srcs)
-
-
-def op_copy(dsts, srcs):
-    torch.ops.npu_dispatch.foreach_copy_.default(dsts, srcs)
-
-
-def mode_copy(dsts, srcs):
-    with nd.NpuFastCopyMode():
-        torch._foreach_copy_(dsts, srcs)
 
 
 ENTRIES = [direct_copy, op_copy, mode_copy]

@@ -11,18 +11,9 @@ from torch.testing._internal.two_tensor import TwoTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import npu_dispatch as nd
-from cases import Case, Pair, assert_same, bits, build, cases, run
+from cases import Case, Pair, assert_same, bits, build, cases, mode_copy, run, stock_copy
 
 f32, bf16 = torch.float32, torch.bfloat16
-
-
-def stock_copy(dsts, srcs):
-    torch._foreach_copy_(dsts, srcs)
-
-
-def mode_copy(dsts, srcs):
-    with nd.NpuFastCopyMode():
-        torch._foreach_copy_(dsts, srcs)
 
 
 def verify_copy(dsts, srcs):

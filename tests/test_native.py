@@ -22,7 +22,7 @@ import npu_dispatch as nd
 from npu_dispatch import _native, capabilities, engine
 from npu_dispatch._native_plan import native_plan
 from npu_dispatch.plan import build_plan
-from cases import DTYPES, assert_same, bits, build, cases, run
+from cases import DTYPES, assert_same, bits, build, cases, direct_copy, mode_copy, op_copy, run, stock_copy
 
 if not _native.available():
     if os.environ.get("NPU_DISPATCH_REQUIRE_NATIVE") == "1":
@@ -36,24 +36,6 @@ X86 = platform.machine() in ("x86_64", "AMD64")
 
 def passes() -> int:
     return _native.info()["kernel_passes"]
-
-
-def stock_copy(dsts, srcs):
-    torch._foreach_copy_(dsts, srcs)
-
-
-def native_copy(dsts, srcs):
-    nd.foreach_copy_(dsts, srcs)
-
-
-def op_copy(dsts, srcs):
-    # Through the dispatcher: the C++ CPU kernel of npu_dispatch::foreach_copy_.
-    torch.ops.npu_dispatch.foreach_copy_.default(dsts, srcs)
-
-
-def mode_copy(dsts, srcs):
-    with nd.NpuFastCopyMode():
-        torch._foreach_copy_(dsts, srcs)
 
 
 def _words(dtype) -> torch.dtype:
@@ -115,7 +97,7 @@ def test_python_path_does_not_touch_the_kernel(monkeypatch):
 @given(cases(max_len=300))
 def test_random_cases_match_stock(case):
     stock = run(case, stock_copy)
-    assert_same(stock, run(case, native_copy))
+    assert_same(stock, run(case, direct_copy))
     assert_same(stock, run(case, op_copy))
 
 
@@ -353,7 +335,7 @@ def test_whole_call_reasons_agree():
         assert ours == theirs, (ours, theirs)
 
 
-@pytest.mark.parametrize("entry", [native_copy, op_copy, mode_copy], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("entry", [direct_copy, op_copy, mode_copy], ids=lambda f: f.__name__)
 def test_zero_dim_nan_cast_after_an_empty_cast_matches_stock(entry):
     # Stock writes 0xffff here and 0x7fc0 for the 0-dim copy alone: its bits depend on the
     # copies before it, so the whole call runs as stock's copy_ loop.

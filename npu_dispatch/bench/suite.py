@@ -79,15 +79,15 @@ def variants(args) -> list[timing.Variant]:
         "flat_src": torch.randn(numel).to(src_dtype),
         "flat_dst": torch.zeros(numel, dtype=dst_dtype),
     }
-    floor = []
+    bounds = []  # the variants the bounds come from
     if isinstance(args, ForeachArgs):
-        floor.append(V("null_mode", "torch._foreach_copy_(dsts, srcs)", g, NullMode))
         g.update(dsts=args.dsts, srcs=args.srcs, foreach_copy_=npu_dispatch.foreach_copy_)
         stock, direct = "torch._foreach_copy_(dsts, srcs)", "foreach_copy_(dsts, srcs)"
+        bounds.append(V("null_mode", stock, g, NullMode))
         module = _native.module()
         if module is not None:
             g.update(touch_pairs=module.touch_pairs, no_tensors=[])
-            floor += [V("pair_floor", "touch_pairs(dsts, srcs)", g),
+            bounds += [V("pair_floor", "touch_pairs(dsts, srcs)", g),
                       V("call_floor", "touch_pairs(no_tensors, no_tensors)", g),
                       V("flat_direct", "foreach_copy_([flat_dst], [flat_src])", g)]
     else:
@@ -101,7 +101,7 @@ def variants(args) -> list[timing.Variant]:
     # bare_mode: the stock call under a do-nothing dispatch mode, the floor any TorchDispatchMode
     # pays (the dispatcher boxes every tensor of the lists into Python for __torch_dispatch__).
     return [V("stock", stock, g), V("direct", direct, g), V("mode", stock, g, NpuFastCopyMode),
-            V("bare_mode", stock, g, PassThroughMode), V("roofline", "flat_dst.copy_(flat_src)", g)] + floor
+            V("bare_mode", stock, g, PassThroughMode), V("roofline", "flat_dst.copy_(flat_src)", g)] + bounds
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
