@@ -328,6 +328,7 @@ def test_whole_call_reasons_agree():
         ([x[:3], x[1:]], [torch.ones(3), torch.ones(3)]),
         ([x[:2], torch.zeros(2)], [torch.ones(2), x[1:3]]),
         ([torch.zeros(2), torch.zeros((), dtype=f16)], [torch.ones(2), torch.ones((), dtype=torch.float64)]),
+        ([torch.zeros(2), torch.zeros(2, dtype=torch.complex64).conj()], [torch.ones(2), torch.ones(2)]),
     ]
     for dsts, srcs in cases_:
         ours, theirs = native_plan(dsts, srcs), build_plan(dsts, srcs)

@@ -91,3 +91,17 @@ def test_autograd_behaves_as_stock(call):
             err = str(e)
         outcomes.append((dst.requires_grad, err, src.grad))
     assert outcomes[1][:2] == outcomes[0][:2] and outcomes[0][0] is True
+
+
+def test_python_path_gives_a_lazy_bit_destination_stocks_error_before_the_list_checks(monkeypatch):
+    from npu_dispatch import _native, engine
+    from npu_dispatch.stats import CopyStats
+
+    monkeypatch.setattr(_native, "planned_op", lambda: None)  # as without a compiler
+    d = [torch.zeros(2, dtype=torch.complex64), torch.zeros(2, dtype=torch.complex64).conj()]
+    s = [torch.ones(2, dtype=torch.complex64)]
+    with pytest.raises(RuntimeError) as want:
+        torch._foreach_copy_(d, s)
+    with pytest.raises(RuntimeError) as got:
+        engine.foreach_copy(d, s, stats=CopyStats())
+    assert str(got.value) == str(want.value) and "conjugate" in str(got.value)

@@ -70,6 +70,8 @@ def test_size1_dims_may_have_any_stride():
         (lambda: ([torch.empty(2).to_sparse()], [torch.empty(2).to_sparse()]), "layout", "layout torch.sparse_coo"),
         (lambda: ([torch.empty(3), torch.empty((), dtype=torch.bfloat16)], [torch.empty(3), torch.empty(())]),
          "order_dependent", "pair 1 converts a 0-dim float32 into bfloat16"),
+        (lambda: ([torch.empty(2), torch.empty(2)._neg_view()], [torch.empty(2), torch.empty(2)]),
+         "conj_neg", "dst[1] has a lazy conjugate or negative bit"),
     ],
 )
 def test_whole_call_goes_to_stock(make, kind, text):
