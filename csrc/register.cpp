@@ -21,7 +21,7 @@
 namespace npu_dispatch {
 namespace {
 
-constexpr int64_t kAbiVersion = 4;
+constexpr int64_t kAbiVersion = 5;
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -74,6 +74,7 @@ std::vector<int64_t> info_op() {
   auto out = kernel_counters();
   out.insert(out.begin(), kAbiVersion);
   out.push_back(fast_lane_calls());
+  out.push_back(fast_lane_split_calls());
   return out;
 }
 

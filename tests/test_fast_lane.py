@@ -34,6 +34,23 @@ def lane_calls() -> int:
     return _native.info()["fast_lane_calls"]
 
 
+def split_calls() -> int:
+    return _native.info()["fast_lane_split_calls"]
+
+
+# Every test here runs twice: with the lane's metadata pass on the calling thread alone, and with
+# it split across two threads from the first pair on (by default only lists of 128 pairs or more
+# split). ATen's parallel_for runs on one thread inside a parallel region or with one thread.
+SPLIT_MODES = {"serial": 2**62, "split": 1}
+
+
+@pytest.fixture(autouse=True, params=sorted(SPLIT_MODES))
+def split_mode(request):
+    old = _native.module().lane_split_pairs(SPLIT_MODES[request.param])
+    yield request.param
+    _native.module().lane_split_pairs(old)
+
+
 ENTRIES = [direct_copy, op_copy, mode_copy]
 
 
@@ -192,6 +209,66 @@ def test_lane_counts_what_the_planner_counts(monkeypatch, make):
     assert lane_calls() == before + 1
     assert lane["paths"] == planner["paths"]
     assert lane["fallback_reasons"] == planner["fallback_reasons"] == {}
+
+
+def test_long_lists_split_the_metadata_pass_when_threads_allow(split_mode):
+    if torch.get_num_threads() < 2:
+        pytest.skip("one intra-op thread: the pass never splits")
+    _native.module().lane_split_pairs(64)
+    d, s = [torch.zeros(k % 7 + 1) for k in range(64)], [torch.full((k % 7 + 1,), float(k)) for k in range(64)]
+    before, split_before = lane_calls(), split_calls()
+    nd.foreach_copy_(d[:63], s[:63])
+    assert (lane_calls(), split_calls()) == (before + 1, split_before)
+    nd.foreach_copy_(d, s)
+    assert (lane_calls(), split_calls()) == (before + 2, split_before + 1)
+    assert all(torch.equal(a, b) for a, b in zip(d, s))
+    assert [a._version for a in d] == [2] * 63 + [1]
+
+
+_WARN_ONCE_SCRIPT = """
+import sys, warnings, torch, npu_dispatch as nd
+from npu_dispatch import _native
+_native.module().lane_split_pairs(int(sys.argv[1]))
+t = torch.zeros(4)
+torch._C._set_warn_deprecated_on_mutable_data_ptr(t)
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    nd.foreach_copy_([torch.zeros(3), t], [torch.ones(3), torch.ones(4)])
+print(_native.info()["fast_lane_calls"], t.tolist(), [str(x.message)[:54] for x in w])
+"""
+
+
+def test_destination_data_access_warns_through_pythons_warnings_as_stock(split_mode):
+    # The warning is a TORCH_WARN_ONCE (once per process): a fresh interpreter, lane first. Its
+    # handler is per thread, so the destinations' data access stays on the calling thread.
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", _WARN_ONCE_SCRIPT, str(SPLIT_MODES[split_mode])],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[0] == "1 [1.0, 1.0, 1.0, 1.0] ['Accessing the data pointer of FakeTensor is deprecated']"
+    assert "deprecated" not in out.stderr
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("where", ["throw_first", "refusal_first", "same_pair"])
+def test_a_destination_that_forbids_writes_raises_stocks_error(entry, where):
+    # The sides stop at their first problem; the walk over pairs must still answer as stock's
+    # order does (here stock and the planner raise the same error wherever the refusal sits).
+    def make():
+        bad = torch.zeros(4)
+        torch._C._set_throw_on_mutable_data_ptr(bad)
+        strided = torch.ones(4, 2)[:, 0]
+        d, s = [torch.zeros(4) for _ in range(3)], [torch.ones(4) for _ in range(3)]
+        k_bad, k_strided = {"throw_first": (0, 2), "refusal_first": (2, 0), "same_pair": (1, 1)}[where]
+        d[k_bad], s[k_strided] = bad, strided
+        return d, s
+
+    errors = []
+    for fn in (stock_copy, entry):
+        with pytest.raises(RuntimeError) as info:
+            fn(*make())
+        errors.append(str(info.value))
+    assert errors[0] == errors[1] and "Cannot access data pointer" in errors[0]
 
 
 def test_direct_lane_counts_in_global_stats():
