@@ -50,6 +50,7 @@ std::vector<int64_t> plan_and_run(at::TensorList dsts, at::TensorList srcs, bool
     return deferred;
   }
   std::vector<int64_t> counts;
+  std::vector<uint8_t> self_bumped;
   {
     at::AutoDispatchBelowADInplaceOrView below;
     const auto caps = current_capabilities();
@@ -57,14 +58,15 @@ std::vector<int64_t> plan_and_run(at::TensorList dsts, at::TensorList srcs, bool
     if (lane.prepare(dsts, srcs, *caps)) {
       counts = lane.run();  // all pairs fast: nothing for strict to block
     } else {
-      counts = execute(build_plan(dsts, srcs, *caps), dsts, srcs, non_blocking, strict, bump);
+      counts = execute(build_plan(dsts, srcs, *caps), dsts, srcs, non_blocking, strict, bump, &self_bumped);
     }
   }
   // Inference tensors have no version counter; torch.autograd.graph.increment_version skips
   // them the same way. Other tensors move even inside inference_mode, as with stock.
   if (bump && (counts[0] & kExecuted) && !(counts[0] & kBumped)) {
-    for (const auto& t : dsts) {
-      if (!t.is_inference()) t.unsafeGetTensorImpl()->bump_version();
+    for (size_t i = 0; i < dsts.size(); ++i) {
+      const auto& t = dsts[i];
+      if (!t.is_inference() && (self_bumped.empty() || !self_bumped[i])) t.unsafeGetTensorImpl()->bump_version();
     }
   }
   return counts;

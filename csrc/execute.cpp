@@ -28,12 +28,24 @@ void add(std::vector<int64_t>& v, Path p, int64_t tensors, int64_t bytes, int64_
   v[path_slot(p, 2)] += launches;
 }
 
+// A device's fused _foreach_copy_ (CUDA's multi_tensor_apply route) bumps its destinations' version
+// counters itself, even below ADInplaceOrView; its per-pair route does not. A listed destination
+// with a counter tells which route ran: it moved or it did not.
+const at::Tensor* probe(at::TensorList dsts) {
+  for (const auto& d : dsts) {
+    if (!d.is_inference()) return &d;
+  }
+  return nullptr;
+}
+
+int64_t version(const at::Tensor* t) { return t == nullptr ? 0 : t->_version(); }
+
 // Profiler ranges carry the Python executor's names; RECORD_FUNCTION is free with no profiler.
 class Executor {
  public:
   Executor(const Plan& p, at::TensorList dsts, at::TensorList srcs, bool non_blocking,
-           std::vector<int64_t>& v)
-      : p_(p), dsts_(dsts), srcs_(srcs), non_blocking_(non_blocking), v_(v) {}
+           std::vector<int64_t>& v, std::vector<uint8_t>* self_bumped)
+      : p_(p), dsts_(dsts), srcs_(srcs), non_blocking_(non_blocking), v_(v), self_bumped_(self_bumped) {}
 
   // Aliasing, a pair that may raise, a 0-dim conversion, meta tensors: stock's CPU kernel, a sequential copy_ loop,
   // bumping each destination as it goes, so an error leaves the same pairs written and bumped as
@@ -52,8 +64,10 @@ class Executor {
         if (bump && !d.is_inference()) d.unsafeGetTensorImpl()->bump_version();
       }
     } else {
+      const at::Tensor* t = probe(dsts_);
+      const int64_t before = version(t);
       at::_foreach_copy_(dsts_, srcs_, non_blocking_);
-      if (bump) {
+      if (bump && version(t) == before) {
         for (const auto& d : dsts_) {
           if (!d.is_inference()) d.unsafeGetTensorImpl()->bump_version();
         }
@@ -142,13 +156,19 @@ class Executor {
       sub_d_.push_back(dsts_[members[k]]);
       sub_s_.push_back(srcs_[members[k]]);
     }
+    const at::Tensor* t = probe(sub_d_);
+    const int64_t before = version(t);
     at::_foreach_copy_(sub_d_, sub_s_, non_blocking_);
+    if (version(t) != before) {
+      for (int64_t k = 0; k < count; ++k) (*self_bumped_)[members[k]] = 1;
+    }
   }
 
   const Plan& p_;
   at::TensorList dsts_, srcs_;
   bool non_blocking_;
   std::vector<int64_t>& v_;
+  std::vector<uint8_t>* self_bumped_;
   CpuCopyBatch batch_;
   BorrowedTensors sub_d_, sub_s_;
 };
@@ -156,14 +176,15 @@ class Executor {
 }  // namespace
 
 std::vector<int64_t> execute(const Plan& p, at::TensorList dsts, at::TensorList srcs,
-                             bool non_blocking, bool strict, bool bump) {
+                             bool non_blocking, bool strict, bool bump, std::vector<uint8_t>* self_bumped) {
   std::vector<int64_t> v(kCountsLen, 0);
   if (strict && (p.stock != Kind::None || !p.fallback.empty())) {
     v[0] = kBlocked;
     return v;
   }
   v[0] = kExecuted;
-  Executor ex(p, dsts, srcs, non_blocking, v);
+  self_bumped->assign(dsts.size(), 0);
+  Executor ex(p, dsts, srcs, non_blocking, v, self_bumped);
   if (p.stock != Kind::None) {
     ex.stock(bump);
     v[0] |= kBumped;

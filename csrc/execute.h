@@ -24,8 +24,9 @@ inline int path_slot(Path p, int field) { return 1 + 3 * p + field; }
 inline int reason_slot(Kind k) { return 1 + 3 * kNumPaths + static_cast<int>(k); }
 
 // ``bump``: a whole-stock plan bumps each destination's version counter as stock does (the
-// caller bumps the others once the call has succeeded).
+// caller bumps the others once the call has succeeded, except those marked in ``self_bumped``
+// (resized to the list): a device's fused kernel bumped them already, as it does under stock).
 std::vector<int64_t> execute(const Plan& p, at::TensorList dsts, at::TensorList srcs,
-                             bool non_blocking, bool strict, bool bump);
+                             bool non_blocking, bool strict, bool bump, std::vector<uint8_t>* self_bumped);
 
 }  // namespace npu_dispatch

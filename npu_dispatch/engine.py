@@ -84,6 +84,16 @@ def _nbytes(tensors: Sequence[torch.Tensor], idx: list[int]) -> int:
     return sum(tensors[i].numel() * tensors[i].element_size() for i in idx)
 
 
+def _self_bumping_copy(dsts, srcs, non_blocking: bool) -> bool:
+    """``_foreach_copy_`` of the lists; True when the device's kernel bumped their version
+    counters itself. CUDA's fused route (multi_tensor_apply) does, even below ADInplaceOrView,
+    as it does under stock; its per-pair route does not. One listed counter tells which ran."""
+    probe = next((d for d in dsts if not d.is_inference()), None)
+    before = probe._version if probe is not None else 0
+    _aten_foreach_copy_(dsts, srcs, non_blocking)
+    return probe is not None and probe._version != before
+
+
 def _stock(p: _plan.Plan, dsts, srcs, non_blocking: bool, bump: bool) -> None:
     """A whole-stock plan, bumping version counters as stock does (see plan.py)."""
     if p.stock_reason[0] in ("aliasing", "may_raise", "meta", "order_dependent"):
@@ -97,15 +107,16 @@ def _stock(p: _plan.Plan, dsts, srcs, non_blocking: bool, bump: bool) -> None:
             if bump:
                 torch.autograd.graph.increment_version(d)
         return
-    _aten_foreach_copy_(dsts, srcs, non_blocking)
-    if bump:
+    if not _self_bumping_copy(dsts, srcs, non_blocking) and bump:
         torch.autograd.graph.increment_version(dsts)
 
 
-def _execute(p: _plan.Plan, dsts, srcs, non_blocking: bool, bump: bool = False) -> dict:
+def _execute(p: _plan.Plan, dsts, srcs, non_blocking: bool, bump: bool = False,
+             self_bumped: set | None = None) -> dict:
     """Issue the plan's copies; returns path -> (tensors, bytes, launches) for the stats.
 
-    Only a whole-stock plan bumps version counters here (``bump``); the caller bumps the others.
+    Only a whole-stock plan bumps version counters here (``bump``); the caller bumps the others,
+    except the indices added to ``self_bumped``: a device's fused kernel bumped those already.
     """
     counts: dict[str, tuple[int, int, int]] = {}
     if p.stock_reason is not None:
@@ -135,9 +146,9 @@ def _execute(p: _plan.Plan, dsts, srcs, non_blocking: bool, bump: bool = False) 
         tensors = nbytes = launches = 0
         with _range("foreach"):
             for g in p.groups:
-                _aten_foreach_copy_(
-                    [dsts[i] for i in g.indices], [srcs[i] for i in g.indices], non_blocking
-                )
+                if _self_bumping_copy([dsts[i] for i in g.indices], [srcs[i] for i in g.indices], non_blocking):
+                    if self_bumped is not None:
+                        self_bumped.update(g.indices)
                 tensors += len(g.indices)
                 nbytes += _nbytes(dsts, g.indices)
                 launches += g.launches
@@ -224,8 +235,10 @@ def foreach_copy(
             _python_path(dsts, srcs, non_blocking, op, strict, verify, bump) if planned is None
             else _native_verify(planned, dsts, srcs, non_blocking, op, strict)
         )
-        if bump and not bumped:
-            torch.autograd.graph.increment_version(dsts)
+        if bump and bumped is not True:
+            torch.autograd.graph.increment_version(
+                [d for i, d in enumerate(dsts) if i not in bumped] if bumped else dsts
+            )
     else:
         # One C++ call: plan, copies (below ADInplaceOrView) and the version bumps.
         with _inside():
@@ -254,15 +267,16 @@ def _reasons(p: _plan.Plan) -> dict:
     return reasons
 
 
-def _python_path(dsts, srcs, non_blocking, op, strict, verify, bump) -> tuple[dict, dict, bool]:
+def _python_path(dsts, srcs, non_blocking, op, strict, verify, bump) -> tuple[dict, dict, "bool | set"]:
     p = _plan.build_plan(dsts, srcs)
     if strict and (p.stock_reason is not None or p.fallback):
         raise _strict_error(op, p)
     counts: dict = {}
+    self_bumped: set = set()
 
     def run() -> None:
         nonlocal counts
-        counts = _execute(p, dsts, srcs, non_blocking, bump)
+        counts = _execute(p, dsts, srcs, non_blocking, bump, self_bumped)
 
     # Below ADInplaceOrView, the copies issued here bump no version counter; the one bump per
     # listed destination that stock's in-place kernel makes is done once, by foreach_copy.
@@ -271,7 +285,7 @@ def _python_path(dsts, srcs, non_blocking, op, strict, verify, bump) -> tuple[di
             _verify(p, dsts, srcs, non_blocking, run)
         else:
             run()
-    return counts, _reasons(p), p.stock_reason is not None
+    return counts, _reasons(p), True if p.stock_reason is not None else self_bumped
 
 
 def _native_verify(planned, dsts, srcs, non_blocking, op, strict) -> tuple[dict, dict]:
