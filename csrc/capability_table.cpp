@@ -51,7 +51,9 @@ void set_capabilities(
   };
   for (const auto& name : device_types) {
     Capability cap;
-    cap.present = next() != 0;
+    const int64_t flags = next();
+    cap.present = (flags & 1) != 0;
+    cap.whole_list = (flags & 2) != 0;
     cap.max_per_launch = next();
     const int64_t n_pairs = next();
     for (int64_t k = 0; k < n_pairs; ++k) {

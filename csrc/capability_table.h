@@ -19,6 +19,8 @@ constexpr int kNumDeviceTypes = static_cast<int>(c10::DeviceType::COMPILE_TIME_M
 
 struct Capability {
   bool present = false;  // false: the device type has no fast path ("no_capability")
+  // Exact only where stock's op itself uses the kernel, on a whole list (capabilities.py).
+  bool whole_list = false;
   int64_t max_per_launch = 0;  // 0: one launch per tensor (a host loop)
   std::bitset<kNumDtypes * kNumDtypes> pairs;  // (src, dst); same-dtype copies on the diagonal
 
@@ -42,7 +44,8 @@ struct CapabilityTable {
 std::shared_ptr<const CapabilityTable> current_capabilities();
 
 // Wire format (see npu_dispatch/_native.py, push_capabilities): per device type name, in order:
-//   present, max_per_launch, n_pairs, then n_pairs (src, dst) indices into `dtypes`.
+//   flags (1 present, 2 whole_list), max_per_launch, n_pairs, then n_pairs (src, dst) indices
+//   into `dtypes`.
 // Names this build cannot parse into a DeviceType (an unregistered "npu") are skipped.
 void set_capabilities(
     const std::vector<std::string>& device_types,

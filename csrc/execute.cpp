@@ -108,7 +108,7 @@ class Executor {
       int64_t bytes = 0;
       for (int64_t k = 0; k < count; ++k) bytes += dst_bytes(dsts_[members[k]]);
       add(v_, kForeach, count, bytes, g.launches);
-      if (!dsts_[members[0]].is_cpu()) {
+      if (!dsts_[members[0]].is_cpu() || p_.whole_list) {
         // The device's own batched kernel (CUDA multi_tensor_apply, op-plugin aclnnForeachCopy).
         stock_pairs(members, count);
         continue;

@@ -140,7 +140,8 @@ bool FastLane::prepare(at::TensorList dsts, at::TensorList srcs, const Capabilit
 bool FastLane::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* srcs, size_t n,
                        const CapabilityTable& caps, bool grad_check) {
   cap_ = caps.get(c10::DeviceType::CPU);
-  if (cap_ == nullptr) return false;
+  // A whole_list_only entry (a test making CPU follow CUDA's rules): the planner decides.
+  if (cap_ == nullptr || cap_->whole_list) return false;
   dst_spans_.reserve(n);
   src_spans_.reserve(n);
   batch_.reserve(n);

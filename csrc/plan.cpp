@@ -146,6 +146,8 @@ class Planner {
       const auto& d = dsts_[i];
       if (d.defined() && (d.is_conj() || d.is_neg())) return stock(Kind::ConjNeg, i, 0);
     }
+    int64_t whole_at = -1;
+    if (const Capability* whole = whole_list_capability(&whole_at)) return whole_list(*whole, whole_at);
     std::vector<int64_t> fast;
     fast.reserve(dsts_.size());
     dst_iv_.reserve(dsts_.size());
@@ -222,6 +224,59 @@ class Planner {
     plan_.stock_a = a;
     plan_.stock_b = b;
     plan_.stock_sub = sub;
+    return std::move(plan_);
+  }
+
+  // plan.py _whole_list_capability: the first whole_list_only device type among the tensors
+  // (dsts, then srcs), where every tensor is a plain strided one; `at` gets its pair index.
+  const Capability* whole_list_capability(int64_t* at) {
+    const Capability* found = nullptr;
+    const int64_t n = plan_.n;
+    for (int64_t k = 0; k < 2 * n; ++k) {
+      const auto& t = k < n ? dsts_[k] : srcs_[k - n];
+      if (is_subclass(t) || t.layout() != at::kStrided || t.device().is_meta()) return nullptr;
+      if (found == nullptr) {
+        const Capability* cap = caps_.get(t.device().type());
+        if (cap != nullptr && cap->whole_list) {
+          found = cap;
+          *at = k < n ? k : k - n;
+        }
+      }
+    }
+    return found;
+  }
+
+  // plan.py stock_batches: ATen foreach_tensor_copy_list_kernel_cuda_'s batched route.
+  bool stock_batches() const {
+    const auto dev = dsts_[0].device();
+    const auto sdt = srcs_[0].scalar_type();
+    const auto ddt = dsts_[0].scalar_type();
+    for (int64_t i = 0; i < plan_.n; ++i) {
+      const auto& d = dsts_[i];
+      const auto& s = srcs_[i];
+      if (d.device() != dev || s.device() != dev || d.scalar_type() != ddt || s.scalar_type() != sdt) {
+        return false;
+      }
+      if (d.sizes() != s.sizes() || d.strides() != s.strides()) return false;
+      if (!dense(d) || !dense(s)) return false;
+    }
+    return true;
+  }
+
+  // plan.py _whole_list_plan: stock's op takes the call whole, as one foreach group where it
+  // batches the list, else as a whole-stock plan.
+  Plan whole_list(const Capability& cap, int64_t at) {
+    if (!stock_batches()) return stock(Kind::WholeListRoute, at, 0);
+    plan_.whole_list = true;
+    for (int64_t i = 0; i < plan_.n; ++i) {
+      if (dsts_[i].numel() == 0) {
+        plan_.empty.push_back(i);
+      } else {
+        plan_.group_members.push_back(i);
+      }
+    }
+    const auto count = static_cast<int64_t>(plan_.group_members.size());
+    if (count > 0) plan_.groups.push_back({0, count, cap.launches(count)});
     return std::move(plan_);
   }
 

@@ -27,6 +27,7 @@ enum class Kind : int8_t {
   Dtype,
   NoCapability,
   OrderDependent,  // whole call: a 0-dim conversion, whose bits in stock depend on earlier copies
+  WholeListRoute,  // whole call: a whole_list_only device (CUDA) that stock copies pair by pair
   Count,
 };
 constexpr int kNumKinds = static_cast<int>(Kind::Count);
@@ -57,6 +58,8 @@ struct Plan {
   std::vector<Group> groups;
   std::vector<Fallback> fallback;  // sorted by index
   int64_t fallback_launches = 0;
+  // A whole_list_only device's list: its group goes to stock's op as it is (plan.py).
+  bool whole_list = false;
 };
 
 

@@ -265,7 +265,7 @@ def push_capabilities() -> None:
             table += [0, 0, 0]
             continue
         pairs = [(d, d) for d in sorted(cap.dtypes, key=str)] + sorted(cap.cross_pairs, key=str)
-        table += [1, cap.max_tensors_per_launch or 0, len(pairs)]
+        table += [1 | (2 if cap.whole_list_only else 0), cap.max_tensors_per_launch or 0, len(pairs)]
         for s, d in pairs:
             table += [idx(s), idx(d)]
     torch.ops.npu_dispatch._set_capabilities.default(names, table, dtypes)

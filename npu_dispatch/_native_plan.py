@@ -11,7 +11,8 @@ from typing import Sequence
 import torch
 
 from . import capabilities
-from .plan import Group, Plan, Run, _dt, _inference_text, _lazy_bit_dst_text, _odd_dtype_text, _zero_dim_cast_text
+from .plan import (Group, Plan, Run, _dt, _inference_text, _lazy_bit_dst_text, _odd_dtype_text, _whole_list_text,
+                   _zero_dim_cast_text)
 from .stats import PATHS
 
 __all__ = ["KINDS", "decode_plan", "decode_counts", "native_plan", "EXECUTED", "BLOCKED", "DEFERRED"]
@@ -20,7 +21,7 @@ __all__ = ["KINDS", "decode_plan", "decode_counts", "native_plan", "EXECUTED", "
 KINDS = (
     "not_tensor", "subclass", "layout", "meta", "may_raise", "aliasing",
     "broadcast", "device", "not_dense", "strides", "conj_neg", "dtype", "no_capability",
-    "order_dependent",
+    "order_dependent", "whole_list_route",
 )
 # Flags in slot 0 of the count vector (csrc/execute.h).
 EXECUTED = 1
@@ -75,6 +76,10 @@ def _stock_text(kind: str, a: int, b: int, sub: int, dsts, srcs) -> str:
         return _lazy_bit_dst_text(a)
     if kind == "order_dependent":
         return _zero_dim_cast_text(a, s.dtype, d.dtype)
+    if kind == "whole_list_route":
+        caps = (capabilities.lookup(d.device.type), capabilities.lookup(s.device.type))
+        cap = next((c for c in caps if c is not None and c.whole_list_only), None)
+        return _whole_list_text(cap.name if cap is not None else d.device.type)
     if kind == "aliasing":
         return (
             f"{_who(sub & 2)}[{b}] overlaps {_who(sub & 1)}[{a}]: "

@@ -8,7 +8,10 @@ Sources mirrored:
   48 tensors a launch; int64/float64/bool from CANN 8.1.RC1; the cross-dtype pairs
   fp32<->fp16 and fp32<->bf16 from CANN 9.1).
 - cuda: ATen ``ForeachBinaryOpList.cu`` ``_foreach_copy_`` (``multi_tensor_apply``, 110 tensor
-  pairs a launch for depth-2 lists; src and dst dtypes may differ).
+  pairs a launch for depth-2 lists; src and dst dtypes may differ). Exact only on the whole lists
+  stock itself sends there: its copy functor goes through the op math type (fp16/bf16 through
+  fp32, which quiets a signalling NaN that per-pair ``copy_`` keeps), so a sub-list of a list stock
+  copies pair by pair would change bits (seen on an H200; ``whole_list_only``).
 - cpu: ATen runs ``_foreach_copy_`` as a per-tensor loop of ``copy_``. Every pair is "supported":
   the Python executor uses ``copy_`` itself; the C++ kernel (csrc/) copies same-dtype pairs as
   bytes and converts fp32<->bf16/fp16 with ATen's own vectorized routines, each conversion checked
@@ -64,6 +67,9 @@ class Capability:
         max_tensors_per_launch: tensor pairs one launch can carry; ``None`` means one launch per
             tensor (a host loop, as on CPU).
         source: where the rules come from, shown by ``doctor``.
+        whole_list_only: the kernel gives stock's bits only where stock's own op would use it,
+            on a whole list: any call touching this device type goes to stock's op whole, counted
+            as the fast path when stock's op takes its batched route (plan.py).
     """
 
     name: str
@@ -71,6 +77,7 @@ class Capability:
     cross_pairs: frozenset
     max_tensors_per_launch: int | None
     source: str = ""
+    whole_list_only: bool = False
 
     def supports(self, src_dtype: torch.dtype, dst_dtype: torch.dtype) -> bool:
         if src_dtype == dst_dtype:
@@ -149,7 +156,8 @@ def cann_version() -> str | None:
 def _defaults() -> dict[str, Capability]:
     return {
         "cpu": Capability("cpu", _ALL_DTYPES, _all_cross_pairs(), None, "ATen copy_ loop"),
-        "cuda": Capability("cuda", _ALL_DTYPES, _all_cross_pairs(), 110, "ATen multi_tensor_apply"),
+        "cuda": Capability("cuda", _ALL_DTYPES, _all_cross_pairs(), 110, "ATen multi_tensor_apply",
+                           whole_list_only=True),
     }
 
 

@@ -282,6 +282,9 @@ def build_plan(
     lazy = lazy_bit_dst(dsts)
     if lazy is not None:
         return stock("conj_neg", _lazy_bit_dst_text(lazy))
+    whole = _whole_list_capability(dsts, srcs, lookup)
+    if whole is not None:
+        return _whole_list_plan(plan, dsts, srcs, whole)
 
     for i in range(n):
         d, s = dsts[i], srcs[i]
@@ -348,6 +351,65 @@ def build_plan(
     _coalesce_and_group(plan, fast, dsts, srcs, caps)
     plan.fallback_launches = len(plan.fallback)
     return plan
+
+
+def _plain(t) -> bool:
+    return (isinstance(t, _Tensor) and not _own_dispatch(t) and not t.is_nested and t.layout is _strided
+            and t.device.type != "meta")
+
+
+def _whole_list_capability(dsts, srcs, lookup) -> capabilities.Capability | None:
+    """The capability of a ``whole_list_only`` device type the call touches, if every tensor is a
+    plain strided one (others take the usual whole-call decisions below)."""
+    found = None
+    for t in (*dsts, *srcs):
+        if not _plain(t):
+            return None
+        if found is None:
+            cap = lookup(t.device.type)
+            if cap is not None and cap.whole_list_only:
+                found = cap
+    return found
+
+
+def stock_batches(dsts, srcs) -> bool:
+    """Whether stock ``_foreach_copy_`` on CUDA takes its batched route (multi_tensor_apply) for
+    these lists, as ATen ``foreach_tensor_copy_list_kernel_cuda_`` decides: every tensor on one
+    device, strided, non-overlapping and dense; one source dtype; one destination dtype (newer
+    ATen asks for it; older ones do not, and are then counted on the safe side); per pair equal
+    sizes and equal strides."""
+    dev, sdt, ddt = dsts[0].device, srcs[0].dtype, dsts[0].dtype
+    for d, s in zip(dsts, srcs):
+        if d.device != dev or s.device != dev or d.dtype != ddt or s.dtype != sdt:
+            return False
+        if d.shape != s.shape or d.stride() != s.stride():
+            return False
+        if not (_dense(d) and _dense(s)):
+            return False
+    return True
+
+
+def _whole_list_plan(plan: Plan, dsts, srcs, cap: capabilities.Capability) -> Plan:
+    """A call on a ``whole_list_only`` device: stock's op takes it whole, always. Where stock
+    batches it, the plan is one foreach group of every non-empty pair (the executor hands the
+    group to stock's op: the same route, the same bits); else the whole call is stock's."""
+    if not stock_batches(dsts, srcs):
+        plan.stock_reason = ("whole_list_route", _whole_list_text(cap.name))
+        return plan
+    members = []
+    for i, d in enumerate(dsts):
+        (members if d.numel() else plan.empty).append(i)
+    if members:
+        d0, s0 = dsts[members[0]], srcs[members[0]]
+        plan.groups.append(Group(members, d0.device, s0.dtype, d0.dtype, cap.launches(len(members))))
+    return plan
+
+
+def _whole_list_text(name: str) -> str:
+    return (
+        f"{name}: stock's batched kernel takes only whole lists of one device, one source dtype, one "
+        "destination dtype and equal sizes and strides pair by pair; stock copies this list pair by pair"
+    )
 
 
 def _off_route(i, d, s, dd, sd, ddense, caps, lookup) -> tuple[str, str] | None:
