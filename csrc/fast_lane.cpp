@@ -129,7 +129,7 @@ bool FastLane::prepare(at::TensorList dsts, at::TensorList srcs, const Capabilit
     impls[i] = dsts[i].unsafeGetTensorImpl();
     impls[dsts.size() + i] = srcs[i].unsafeGetTensorImpl();
   }
-  return prepare(impls.data(), impls.data() + dsts.size(), dsts.size(), caps, false);
+  return prepare(impls.data(), impls.data() + dsts.size(), dsts.size(), caps, false, false);
 }
 
 // Serially, one pass: each pair's two tensors are read, then the pair is added. Split across two
@@ -138,14 +138,14 @@ bool FastLane::prepare(at::TensorList dsts, at::TensorList srcs, const Capabilit
 // caller's warning handler), then the pairs are added in order up to the first tensor a side
 // stopped at. Either way add_pair sees what one serial walk would, in the same order.
 bool FastLane::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* srcs, size_t n,
-                       const CapabilityTable& caps, bool grad_check) {
+                       const CapabilityTable& caps, bool grad_check, bool may_split) {
   cap_ = caps.get(c10::DeviceType::CPU);
   // A whole_list_only entry (a test making CPU follow CUDA's rules): the planner decides.
   if (cap_ == nullptr || cap_->whole_list) return false;
   dst_spans_.reserve(n);
   src_spans_.reserve(n);
   batch_.reserve(n);
-  if (static_cast<int64_t>(n) < g_split_pairs.load(std::memory_order_relaxed) ||
+  if (!may_split || static_cast<int64_t>(n) < g_split_pairs.load(std::memory_order_relaxed) ||
       at::get_num_threads() < 2 || at::in_parallel_region()) {
     const auto plain = plain_cpu_keys();
     Facts df, sf;

@@ -22,9 +22,9 @@ namespace npu_dispatch {
 // two threads (tests check which way a call went).
 int64_t fast_lane_calls();
 int64_t fast_lane_split_calls();
-// Lists of at least this many pairs read their sources' metadata on a second thread while the
-// calling thread reads the destinations'. Returns the previous value; a negative argument only
-// reads it. Tests lower it to send short lists through the split pass.
+// Lists of at least this many pairs given to the direct entry read their sources' metadata on a
+// second thread while the calling thread reads the destinations'. Returns the previous value; a
+// negative argument only reads it. Tests lower it to send short lists through the split pass.
 int64_t fast_lane_split_pairs(int64_t min_pairs);
 
 class FastLane {
@@ -33,8 +33,11 @@ class FastLane {
   // StorageImpl's data access checks raise, at the pair where the serial walk would. `n` > 0
   // pairs. With `grad_check`, a tensor that requires grad is refused too (grad mode is on and
   // the caller bypassed the dispatcher, whose Autograd kernel must see the call).
+  // `may_split`: long lists may read their sources on a second thread (fast_lane_split_pairs).
+  // The direct entry's lists come straight from Python, their metadata often out of cache;
+  // lists the dispatcher has just unboxed are in cache, and a second thread only costs there.
   bool prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* srcs, size_t n,
-               const CapabilityTable& caps, bool grad_check);
+               const CapabilityTable& caps, bool grad_check, bool may_split);
   bool prepare(at::TensorList dsts, at::TensorList srcs, const CapabilityTable& caps);
   // Destination bytes the kernel will write (decides whether the caller drops the GIL).
   int64_t bytes() const { return bytes_; }

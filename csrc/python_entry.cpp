@@ -149,7 +149,7 @@ PyObject* foreach_copy_direct(PyObject* /*self*/, PyObject* const* args, Py_ssiz
   if (!unpack_impls(dl, impls.data()) || !unpack_impls(sl, impls.data() + n)) Py_RETURN_FALSE;
   npu_dispatch::FastLane lane;
   if (!lane.prepare(impls.data(), impls.data() + n, n, *npu_dispatch::current_capabilities(),
-                    c10::GradMode::is_enabled())) {
+                    c10::GradMode::is_enabled(), /*may_split=*/true)) {
     Py_RETURN_FALSE;
   }
   // Filled only when the copy drops the GIL; released last (on return, GIL held), after the bumps

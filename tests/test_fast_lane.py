@@ -40,7 +40,8 @@ def split_calls() -> int:
 
 # Every test here runs twice: with the lane's metadata pass on the calling thread alone, and with
 # it split across two threads from the first pair on (by default only lists of 128 pairs or more
-# split). ATen's parallel_for runs on one thread inside a parallel region or with one thread.
+# split, and only on the direct entry's lane). ATen's parallel_for runs on one thread inside a
+# parallel region or with one thread.
 SPLIT_MODES = {"serial": 2**62, "split": 1}
 
 
@@ -223,6 +224,10 @@ def test_long_lists_split_the_metadata_pass_when_threads_allow(split_mode):
     assert (lane_calls(), split_calls()) == (before + 2, split_before + 1)
     assert all(torch.equal(a, b) for a, b in zip(d, s))
     assert [a._version for a in d] == [2] * 63 + [1]
+    # Lists the dispatcher unboxed (the op, the mode) arrive with their metadata in cache: no split.
+    op_copy(d, s)
+    mode_copy(d, s)
+    assert (lane_calls(), split_calls()) == (before + 4, split_before + 1)
 
 
 _WARN_ONCE_SCRIPT = """
