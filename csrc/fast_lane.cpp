@@ -4,11 +4,8 @@
 #include <c10/core/DispatchKeySet.h>
 #include <c10/core/impl/COW.h>
 
-#include <ATen/Parallel.h>
-
 #include <algorithm>
 #include <atomic>
-#include <thread>
 
 #include "execute.h"
 #include "plan.h"
@@ -16,7 +13,7 @@
 namespace npu_dispatch {
 namespace {
 
-std::atomic<int64_t> g_lane_calls{0}, g_split_calls{0};
+std::atomic<int64_t> g_lane_calls{0};
 
 // The key set every ordinary CPU tensor outside inference mode carries (c10::TensorImpl's
 // constructor: backend, autograd and autocast keys). Anything more or less (Python key, conj or
@@ -45,83 +42,9 @@ uint16_t dtype_pair(c10::ScalarType src, c10::ScalarType dst) {
   return static_cast<uint16_t>(static_cast<uint8_t>(src) | (static_cast<uint8_t>(dst) << 8));
 }
 
-// A second thread pays for itself once reading a side's metadata costs more than waking it
-// (20 to 40 ns a tensor against about a microsecond, on the 2-core CI machine).
-constexpr int64_t kDefaultSplitPairs = 128;
-std::atomic<int64_t> g_split_pairs{kDefaultSplitPairs};
-
-// One tensor's facts; false where the lane refuses it. Raises what the StorageImpl's data access
-// raises (the only call here that can).
-template <bool kDst>
-C10_ALWAYS_INLINE bool read_tensor(c10::TensorImpl* t, c10::DispatchKeySet plain, bool grad_check, FastLane::Facts* f) {
-  if (t->key_set() != plain) return false;
-  // Only a tensor with autograd metadata can require grad (an out-of-line call).
-  if (grad_check && t->autograd_meta() != nullptr && t->requires_grad()) return false;
-  f->dtype = t->dtype().toScalarType();
-  const auto sizes = t->sizes();
-  f->dim = static_cast<uint32_t>(sizes.size());
-  f->sizes = sizes.data();
-  for (uint32_t k = 0; k < std::min(f->dim, FastLane::Facts::kInlineDims); ++k) f->inline_sizes[k] = sizes[k];
-  f->numel = t->numel();
-  f->itemsize = static_cast<uint8_t>(t->itemsize());
-  f->data = nullptr;
-  f->storage = nullptr;
-  if (f->numel == 0) return true;
-  if (!t->is_contiguous()) return false;
-  const c10::Storage& storage = t->unsafe_storage();
-  if (!storage) return false;
-  c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
-  f->storage = impl;
-  const int64_t offset = t->storage_offset() * f->itemsize;
-  if constexpr (kDst) {
-    // A copy-on-write (or otherwise lazily materialized) destination would be materialized by
-    // mutable_data below even if a later pair sent the call elsewhere: leave it to the planner.
-    if (lazily_materialized(*impl, 0)) return false;
-    // StorageImpl::mutable_data raises where a write is forbidden, as TensorImpl::mutable_data.
-    f->data = static_cast<const char*>(impl->mutable_data()) + offset;
-  } else {
-    f->data = static_cast<const char*>(impl->data()) + offset;
-  }
-  return true;
-}
-
-// read_tensor's answer with any error caught, so that the walk over pairs decides what it means.
-template <bool kDst>
-C10_ALWAYS_INLINE FastLane::Read read_one(c10::TensorImpl* t, c10::DispatchKeySet plain, bool grad_check, FastLane::Facts* f,
-                        std::exception_ptr* error) {
-  try {
-    return read_tensor<kDst>(t, plain, grad_check, f) ? FastLane::Read::Ok : FastLane::Read::Refused;
-  } catch (...) {
-    *error = std::current_exception();
-    return FastLane::Read::Raised;
-  }
-}
-
-template <bool kDst>
-void read_side(c10::TensorImpl* const* ts, size_t n, bool grad_check, FastLane::SidePass* p) {
-  const auto plain = plain_cpu_keys();
-  FastLane::Facts* facts = p->facts.get();
-  size_t i = 0;
-  while (i < n && read_one<kDst>(ts[i], plain, grad_check, &facts[i], &p->error) == FastLane::Read::Ok) ++i;
-  p->stop = i;
-}
-
-bool same_sizes(const FastLane::Facts& a, const FastLane::Facts& b) {
-  if (a.dim != b.dim) return false;
-  for (uint32_t k = 0; k < a.dim; ++k) {
-    const bool inl = k < FastLane::Facts::kInlineDims;
-    if ((inl ? a.inline_sizes[k] : a.sizes[k]) != (inl ? b.inline_sizes[k] : b.sizes[k])) return false;
-  }
-  return true;
-}
-
 }  // namespace
 
 int64_t fast_lane_calls() { return g_lane_calls.load(std::memory_order_relaxed); }
-int64_t fast_lane_split_calls() { return g_split_calls.load(std::memory_order_relaxed); }
-int64_t fast_lane_split_pairs(int64_t min_pairs) {
-  return min_pairs < 0 ? g_split_pairs.load() : g_split_pairs.exchange(min_pairs);
-}
 
 bool FastLane::prepare(at::TensorList dsts, at::TensorList srcs, const CapabilityTable& caps) {
   std::vector<c10::TensorImpl*> impls(2 * dsts.size());
@@ -129,116 +52,99 @@ bool FastLane::prepare(at::TensorList dsts, at::TensorList srcs, const Capabilit
     impls[i] = dsts[i].unsafeGetTensorImpl();
     impls[dsts.size() + i] = srcs[i].unsafeGetTensorImpl();
   }
-  return prepare(impls.data(), impls.data() + dsts.size(), dsts.size(), caps, false, false);
+  return prepare(impls.data(), impls.data() + dsts.size(), dsts.size(), caps, false);
 }
 
-// Serially, one pass: each pair's two tensors are read, then the pair is added. Split across two
-// threads (long lists), two passes: each side's tensors are read on their own (the sources on a
-// second thread, the destinations on the caller's, where their data access may warn through the
-// caller's warning handler), then the pairs are added in order up to the first tensor a side
-// stopped at. Either way add_pair sees what one serial walk would, in the same order.
 bool FastLane::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* srcs, size_t n,
-                       const CapabilityTable& caps, bool grad_check, bool may_split) {
+                       const CapabilityTable& caps, bool grad_check) {
   cap_ = caps.get(c10::DeviceType::CPU);
   // A whole_list_only entry (a test making CPU follow CUDA's rules): the planner decides.
   if (cap_ == nullptr || cap_->whole_list) return false;
+  const auto plain = plain_cpu_keys();
   dst_spans_.reserve(n);
   src_spans_.reserve(n);
   batch_.reserve(n);
-  if (!may_split || static_cast<int64_t>(n) < g_split_pairs.load(std::memory_order_relaxed) ||
-      at::get_num_threads() < 2 || at::in_parallel_region()) {
-    const auto plain = plain_cpu_keys();
-    Facts df, sf;
-    std::exception_ptr de, se;  // set only where the walk stops
-    for (size_t i = 0; i < n; ++i) {
-      const Read dr = read_one<true>(dsts[i], plain, grad_check, &df, &de);
-      const Read sr = dr == Read::Refused ? Read::Refused : read_one<false>(srcs[i], plain, grad_check, &sf, &se);
-      if (!add_pair(df, dr, de, sf, sr, se)) return false;
+  const c10::StorageImpl* run_dst_storage = nullptr;
+  const c10::StorageImpl* run_src_storage = nullptr;
+  c10::ScalarType last_s = c10::ScalarType::Undefined, last_d = c10::ScalarType::Undefined;
+  CopyOp op = CopyOp::Memcpy;
+  bool mergeable = false;
+  for (size_t i = 0; i < n; ++i) {
+    c10::TensorImpl* d = dsts[i];
+    const c10::TensorImpl* s = srcs[i];
+    if (d->key_set() != plain || s->key_set() != plain) return false;
+    // Only a tensor with autograd metadata can require grad (an out-of-line call).
+    if (grad_check && ((d->autograd_meta() != nullptr && d->requires_grad()) ||
+                       (s->autograd_meta() != nullptr && s->requires_grad()))) {
+      return false;
     }
-    close_run();
-    return disjoint();
-  }
-  SidePass d, s;
-  d.facts.reset(new Facts[n]);
-  s.facts.reset(new Facts[n]);
-  bool dst_read = false;
-  const auto caller = std::this_thread::get_id();
-  at::parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t k = begin; k < end; ++k) {
-      if (k == 1) {
-        read_side<false>(srcs, n, grad_check, &s);
-      } else if (std::this_thread::get_id() == caller) {
-        read_side<true>(dsts, n, grad_check, &d);
-        dst_read = true;
+    const auto dt = d->dtype().toScalarType();
+    const auto st = s->dtype().toScalarType();
+    if (st != last_s || dt != last_d) {
+      if (!copy_dtype(st) || !copy_dtype(dt)) return false;
+      if (!batch_.route(st, dt, &op, &mergeable) || !cap_->supports(st, dt)) return false;
+      last_s = st;
+      last_d = dt;
+    }
+    // Broadcasting sources and other shapes: the planner (and stock's messages).
+    const auto dsz = d->sizes();
+    const auto ssz = s->sizes();
+    if (dsz.size() != ssz.size()) return false;
+    for (size_t k = 0; k < dsz.size(); ++k) {
+      if (dsz[k] != ssz[k]) return false;
+    }
+    const int64_t numel = d->numel();
+    if (numel == 0) {
+      ++empty_;
+      continue;
+    }
+    if (!d->is_contiguous() || !s->is_contiguous()) return false;
+    // A 0-dim conversion: the planner sends the whole call to stock's loop (order_dependent).
+    if (op != CopyOp::Memcpy && dsz.empty()) return false;
+    const c10::Storage& dst_storage = d->unsafe_storage();
+    const c10::Storage& src_storage = s->unsafe_storage();
+    if (!dst_storage || !src_storage) return false;
+    // A copy-on-write (or otherwise lazily materialized) destination would be materialized by
+    // mutable_data below even if a later pair sent the call elsewhere: leave it to the planner.
+    if (lazily_materialized(*dst_storage.unsafeGetStorageImpl(), 0)) return false;
+    const auto ditem = static_cast<int64_t>(d->itemsize());
+    const auto sitem = static_cast<int64_t>(s->itemsize());
+    // StorageImpl::mutable_data raises where a write is forbidden, as TensorImpl::mutable_data.
+    auto* dptr = static_cast<char*>(dst_storage.mutable_data()) + d->storage_offset() * ditem;
+    const auto* sptr = static_cast<const char*>(src_storage.data()) + s->storage_offset() * sitem;
+    const int64_t dbytes = numel * ditem;
+    const int64_t sbytes = numel * sitem;
+    const auto du = reinterpret_cast<uintptr_t>(dptr);
+    const auto su = reinterpret_cast<uintptr_t>(sptr);
+    const uint16_t dtypes = dtype_pair(st, dt);
+    const bool adjacent = run_len_ > 0 && dtypes == run_dtypes_ &&
+                          du == dst_spans_.back().end && su == src_spans_.back().end;
+    if (adjacent) {
+      // plan.cpp coalesces only inside one storage; two storages side by side are its call.
+      if (dst_storage.unsafeGetStorageImpl() != run_dst_storage ||
+          src_storage.unsafeGetStorageImpl() != run_src_storage) {
+        return false;
       }
+      batch_.add_contiguous(dptr, sptr, numel, ditem, op, mergeable);
+      dst_spans_.back().end += dbytes;
+      src_spans_.back().end += sbytes;
+      ++run_len_;
+      run_bytes_ += dbytes;
+    } else {
+      close_run();
+      batch_.add_contiguous(dptr, sptr, numel, ditem, op, false);
+      dst_spans_.push_back({du, du + dbytes});
+      src_spans_.push_back({su, su + sbytes});
+      run_len_ = 1;
+      run_bytes_ = dbytes;
+      run_dtypes_ = dtypes;
+      run_dst_storage = dst_storage.unsafeGetStorageImpl();
+      run_src_storage = src_storage.unsafeGetStorageImpl();
     }
-  });
-  g_split_calls.fetch_add(1, std::memory_order_relaxed);
-  if (!dst_read) read_side<true>(dsts, n, grad_check, &d);
-  auto status = [](const SidePass& p, size_t i) {
-    return i < p.stop ? Read::Ok : p.error ? Read::Raised : Read::Refused;
-  };
-  // At the first stop add_pair refuses or raises.
-  const size_t stop = std::min(d.stop, s.stop);
-  for (size_t i = 0; i < n && i <= stop; ++i) {
-    if (!add_pair(d.facts[i], status(d, i), d.error, s.facts[i], status(s, i), s.error)) return false;
+    bytes_ += dbytes;
   }
   close_run();
   return disjoint();
-}
-
-C10_ALWAYS_INLINE bool FastLane::add_pair(const Facts& df, Read dr, const std::exception_ptr& de, const Facts& sf, Read sr,
-                        const std::exception_ptr& se) {
-  if (dr == Read::Refused || sr == Read::Refused) return false;
-  if (sf.dtype != last_s_ || df.dtype != last_d_) {
-    if (!copy_dtype(sf.dtype) || !copy_dtype(df.dtype)) return false;
-    if (!batch_.route(sf.dtype, df.dtype, &op_, &mergeable_) || !cap_->supports(sf.dtype, df.dtype)) {
-      return false;
-    }
-    last_s_ = sf.dtype;
-    last_d_ = df.dtype;
-  }
-  // Broadcasting sources and other shapes: the planner (and stock's messages).
-  if (!same_sizes(df, sf)) return false;
-  const int64_t numel = df.numel;
-  if (numel == 0) {
-    ++empty_;
-    return dr == Read::Ok && sr == Read::Ok;  // (only a non-empty tensor's data access raises)
-  }
-  // A 0-dim conversion: the planner sends the whole call to stock's loop (order_dependent).
-  if (op_ != CopyOp::Memcpy && df.dim == 0) return false;
-  if (dr == Read::Raised) std::rethrow_exception(de);
-  if (sr == Read::Raised) std::rethrow_exception(se);
-  char* dptr = const_cast<char*>(df.data);
-  const char* sptr = sf.data;
-  const int64_t dbytes = numel * df.itemsize;
-  const int64_t sbytes = numel * sf.itemsize;
-  const auto du = reinterpret_cast<uintptr_t>(dptr);
-  const auto su = reinterpret_cast<uintptr_t>(sptr);
-  const uint16_t dtypes = dtype_pair(sf.dtype, df.dtype);
-  const bool adjacent = run_len_ > 0 && dtypes == run_dtypes_ &&
-                        du == dst_spans_.back().end && su == src_spans_.back().end;
-  if (adjacent) {
-    // plan.cpp coalesces only inside one storage; two storages side by side are its call.
-    if (df.storage != run_dst_storage_ || sf.storage != run_src_storage_) return false;
-    batch_.add_contiguous(dptr, sptr, numel, df.itemsize, op_, mergeable_);
-    dst_spans_.back().end += dbytes;
-    src_spans_.back().end += sbytes;
-    ++run_len_;
-    run_bytes_ += dbytes;
-  } else {
-    close_run();
-    batch_.add_contiguous(dptr, sptr, numel, df.itemsize, op_, false);
-    dst_spans_.push_back({du, du + dbytes});
-    src_spans_.push_back({su, su + sbytes});
-    run_len_ = 1;
-    run_bytes_ = dbytes;
-    run_dtypes_ = dtypes;
-    run_dst_storage_ = df.storage;
-    run_src_storage_ = sf.storage;
-  }
-  bytes_ += dbytes;
-  return true;
 }
 
 void FastLane::close_run() {

@@ -149,7 +149,7 @@ PyObject* foreach_copy_direct(PyObject* /*self*/, PyObject* const* args, Py_ssiz
   if (!unpack_impls(dl, impls.data()) || !unpack_impls(sl, impls.data() + n)) Py_RETURN_FALSE;
   npu_dispatch::FastLane lane;
   if (!lane.prepare(impls.data(), impls.data() + n, n, *npu_dispatch::current_capabilities(),
-                    c10::GradMode::is_enabled(), /*may_split=*/true)) {
+                    c10::GradMode::is_enabled())) {
     Py_RETURN_FALSE;
   }
   // Filled only when the copy drops the GIL; released last (on return, GIL held), after the bumps
@@ -208,15 +208,6 @@ PyObject* touch_pairs(PyObject* /*self*/, PyObject* const* args, Py_ssize_t narg
   END_HANDLE_TH_ERRORS
 }
 
-// lane_split_pairs(min_pairs: int) -> int: fast_lane_split_pairs (fast_lane.h); -1 only reads.
-PyObject* lane_split_pairs(PyObject* /*self*/, PyObject* arg) {
-  HANDLE_TH_ERRORS
-  const long long v = PyLong_AsLongLong(arg);
-  if (v == -1 && PyErr_Occurred()) return nullptr;
-  return PyLong_FromLongLong(npu_dispatch::fast_lane_split_pairs(v));
-  END_HANDLE_TH_ERRORS
-}
-
 // plan(dsts, srcs) -> tuple of ints (plan.cpp encode_plan). Not through the dispatcher: a
 // tensor subclass would unwrap itself there, and the plan must see the subclass.
 PyObject* plan(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
@@ -243,8 +234,6 @@ PyMethodDef methods[] = {
      METH_FASTCALL, "The fast lane for the public foreach_copy_; False when the general path must run."},
     {"touch_pairs", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&touch_pairs)),
      METH_FASTCALL, "Benchmark floor: read every pair's addresses and sizes, bump versions."},
-    {"lane_split_pairs", &lane_split_pairs, METH_O,
-     "Pairs from which the lane reads sources on a second thread; returns the old value (-1 reads)."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -74,7 +74,6 @@ std::vector<int64_t> info_op() {
   auto out = kernel_counters();
   out.insert(out.begin(), kAbiVersion);
   out.push_back(fast_lane_calls());
-  out.push_back(fast_lane_split_calls());
   return out;
 }
 

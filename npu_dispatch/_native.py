@@ -118,13 +118,12 @@ def self_check_result() -> dict | None:
 
 def info() -> dict:
     """Counters only the C++ side moves: one-pass CPU kernel runs, work items, bytes, and calls
-    that took the fast lane (csrc/fast_lane.h) instead of the full planner, and of those the ones
-    whose metadata pass was offered to two threads."""
+    that took the fast lane (csrc/fast_lane.h) instead of the full planner."""
     if _planned is None:
         return {}
-    abi, passes, items, nbytes, lane, split = torch.ops.npu_dispatch._native_info.default()
+    abi, passes, items, nbytes, lane = torch.ops.npu_dispatch._native_info.default()
     return {"abi": abi, "kernel_passes": passes, "kernel_items": items, "kernel_bytes": nbytes,
-            "fast_lane_calls": lane, "fast_lane_split_calls": split, "build_seconds": _build_seconds}
+            "fast_lane_calls": lane, "build_seconds": _build_seconds}
 
 
 def module():

@@ -34,24 +34,6 @@ def lane_calls() -> int:
     return _native.info()["fast_lane_calls"]
 
 
-def split_calls() -> int:
-    return _native.info()["fast_lane_split_calls"]
-
-
-# Every test here runs twice: with the lane's metadata pass on the calling thread alone, and with
-# it split across two threads from the first pair on (by default only lists of 128 pairs or more
-# split, and only on the direct entry's lane). ATen's parallel_for runs on one thread inside a
-# parallel region or with one thread.
-SPLIT_MODES = {"serial": 2**62, "split": 1}
-
-
-@pytest.fixture(autouse=True, params=sorted(SPLIT_MODES))
-def split_mode(request):
-    old = _native.module().lane_split_pairs(SPLIT_MODES[request.param])
-    yield request.param
-    _native.module().lane_split_pairs(old)
-
-
 ENTRIES = [direct_copy, op_copy, mode_copy]
 
 
@@ -212,28 +194,9 @@ def test_lane_counts_what_the_planner_counts(monkeypatch, make):
     assert lane["fallback_reasons"] == planner["fallback_reasons"] == {}
 
 
-def test_long_lists_split_the_metadata_pass_when_threads_allow(split_mode):
-    if torch.get_num_threads() < 2:
-        pytest.skip("one intra-op thread: the pass never splits")
-    _native.module().lane_split_pairs(64)
-    d, s = [torch.zeros(k % 7 + 1) for k in range(64)], [torch.full((k % 7 + 1,), float(k)) for k in range(64)]
-    before, split_before = lane_calls(), split_calls()
-    nd.foreach_copy_(d[:63], s[:63])
-    assert (lane_calls(), split_calls()) == (before + 1, split_before)
-    nd.foreach_copy_(d, s)
-    assert (lane_calls(), split_calls()) == (before + 2, split_before + 1)
-    assert all(torch.equal(a, b) for a, b in zip(d, s))
-    assert [a._version for a in d] == [2] * 63 + [1]
-    # Lists the dispatcher unboxed (the op, the mode) arrive with their metadata in cache: no split.
-    op_copy(d, s)
-    mode_copy(d, s)
-    assert (lane_calls(), split_calls()) == (before + 4, split_before + 1)
-
-
 _WARN_ONCE_SCRIPT = """
 import sys, warnings, torch, npu_dispatch as nd
 from npu_dispatch import _native
-_native.module().lane_split_pairs(int(sys.argv[1]))
 t = torch.zeros(4)
 torch._C._set_warn_deprecated_on_mutable_data_ptr(t)
 with warnings.catch_warnings(record=True) as w:
@@ -243,12 +206,12 @@ print(_native.info()["fast_lane_calls"], t.tolist(), [str(x.message)[:54] for x 
 """
 
 
-def test_destination_data_access_warns_through_pythons_warnings_as_stock(split_mode):
+def test_destination_data_access_warns_through_pythons_warnings_as_stock():
     # The warning is a TORCH_WARN_ONCE (once per process): a fresh interpreter, lane first. Its
-    # handler is per thread, so the destinations' data access stays on the calling thread.
+    # handler is per thread: the lane's data access must stay on the calling thread.
     import subprocess
 
-    out = subprocess.run([sys.executable, "-c", _WARN_ONCE_SCRIPT, str(SPLIT_MODES[split_mode])],
+    out = subprocess.run([sys.executable, "-c", _WARN_ONCE_SCRIPT],
                          capture_output=True, text=True, check=True)
     assert out.stdout.split("\n")[0] == "1 [1.0, 1.0, 1.0, 1.0] ['Accessing the data pointer of FakeTensor is deprecated']"
     assert "deprecated" not in out.stderr
@@ -257,8 +220,8 @@ def test_destination_data_access_warns_through_pythons_warnings_as_stock(split_m
 @pytest.mark.parametrize("entry", ENTRIES, ids=lambda f: f.__name__)
 @pytest.mark.parametrize("where", ["throw_first", "refusal_first", "same_pair"])
 def test_a_destination_that_forbids_writes_raises_stocks_error(entry, where):
-    # The sides stop at their first problem; the walk over pairs must still answer as stock's
-    # order does (here stock and the planner raise the same error wherever the refusal sits).
+    # The lane reads a pair's two tensors before deciding on it; here stock and the planner raise
+    # the same error wherever the refusal sits.
     def make():
         bad = torch.zeros(4)
         torch._C._set_throw_on_mutable_data_ptr(bad)
