@@ -47,13 +47,14 @@ class Executor {
            std::vector<int64_t>& v, std::vector<uint8_t>* self_bumped)
       : p_(p), dsts_(dsts), srcs_(srcs), non_blocking_(non_blocking), v_(v), self_bumped_(self_bumped) {}
 
-  // Aliasing, a pair that may raise, a 0-dim conversion, meta tensors: stock's CPU kernel, a sequential copy_ loop,
+  // Aliasing, a pair that may raise, a 0-dim conversion, meta tensors, a whole_list_only device's
+  // list stock does not batch: stock's per-pair route, a sequential copy_ loop,
   // bumping each destination as it goes, so an error leaves the same pairs written and bumped as
   // stock does. Subclasses, wrapper tensors, other layouts: the stock op itself.
   void stock(bool bump) {
     RECORD_FUNCTION("npu_dispatch::stock", std::vector<c10::IValue>());
     if (p_.stock == Kind::Aliasing || p_.stock == Kind::MayRaise || p_.stock == Kind::Meta ||
-        p_.stock == Kind::OrderDependent) {
+        p_.stock == Kind::OrderDependent || p_.stock == Kind::WholeListRoute) {
       const bool outside_inference = !c10::InferenceMode::is_enabled();
       for (size_t i = 0; i < dsts_.size(); ++i) {
         auto d = dsts_[i];

@@ -257,26 +257,19 @@ class Planner {
       if (d.device() != dev || s.device() != dev || d.scalar_type() != ddt || s.scalar_type() != sdt) {
         return false;
       }
-      if (d.sizes() != s.sizes() || d.strides() != s.strides()) return false;
+      if (d.sizes() != s.sizes() || !same_strides(d, s)) return false;
       if (!dense(d) || !dense(s)) return false;
     }
     return true;
   }
 
-  // plan.py _whole_list_plan: stock's op takes the call whole, as one foreach group where it
-  // batches the list, else as a whole-stock plan.
+  // plan.py _whole_list_plan: stock takes the call whole, as one foreach group of every pair
+  // (empties included) where it batches the list, else as its per-pair copy_ loop.
   Plan whole_list(const Capability& cap, int64_t at) {
     if (!stock_batches()) return stock(Kind::WholeListRoute, at, 0);
     plan_.whole_list = true;
-    for (int64_t i = 0; i < plan_.n; ++i) {
-      if (dsts_[i].numel() == 0) {
-        plan_.empty.push_back(i);
-      } else {
-        plan_.group_members.push_back(i);
-      }
-    }
-    const auto count = static_cast<int64_t>(plan_.group_members.size());
-    if (count > 0) plan_.groups.push_back({0, count, cap.launches(count)});
+    for (int64_t i = 0; i < plan_.n; ++i) plan_.group_members.push_back(i);
+    plan_.groups.push_back({0, plan_.n, cap.launches(plan_.n)});
     return std::move(plan_);
   }
 

@@ -33,12 +33,17 @@ std::vector<int64_t> plan_op(at::TensorList self, at::TensorList src) {
   return plan_encoded(self, src);
 }
 
-// npu_dispatch/engine.py stock_bumps: below ADInplaceOrView stock's CPU copy_ loop bumps no
-// version counter; CUDA's fused route bumps anyway, so any non-CPU destination keeps the bumps.
+// npu_dispatch/engine.py stock_bumps: below ADInplaceOrView stock's per-pair copy_ loop bumps no
+// version counter. A batched kernel that bumps anyway (CUDA's) is seen by the executor, so CPU
+// and whole_list_only devices need no bump of ours there; other accelerators keep the bumps.
 bool bump_versions(at::TensorList dsts) {
   if (!c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView)) return true;
+  const auto caps = current_capabilities();
   for (const auto& d : dsts) {
-    if (d.defined() && !d.is_cpu()) return true;
+    if (d.defined() && !d.is_cpu()) {
+      const Capability* cap = caps->get(d.device().type());
+      if (cap == nullptr || !cap->whole_list) return true;
+    }
   }
   return false;
 }

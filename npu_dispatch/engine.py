@@ -41,14 +41,21 @@ def stock_bumps(dsts: Sequence) -> bool:
     """Whether stock ``_foreach_copy_`` called here would bump the destinations' version counters.
 
     Always, except below ADInplaceOrView (``torch._C._AutoDispatchBelowADInplaceOrView``), where
-    its CPU kernel, a ``copy_`` loop, bumps nothing; CUDA's fused route bumps there too
-    (``foreach_tensor_copy_list_kernel_cuda_``), so any non-CPU destination keeps the bumps.
+    its per-pair route, a ``copy_`` loop, bumps nothing. A batched kernel may bump there anyway:
+    CUDA's does (``foreach_tensor_copy_list_kernel_cuda_``), and the executors see it happen
+    (``_self_bumping_copy``), so CPU and ``whole_list_only`` devices need no bump of ours there.
+    Other accelerators (NPU: unknown, no device here) keep the bumps.
     For callers that bypass the dispatcher (a dispatch mode's handler sees ADInplaceOrView
     excluded on every call, so it must not ask).
     """
     if not torch._C._dispatch_tls_is_dispatch_key_excluded(_AD_INPLACE_OR_VIEW):
         return True
-    return any(isinstance(d, torch.Tensor) and d.device.type != "cpu" for d in dsts)
+    for d in dsts:
+        if isinstance(d, torch.Tensor) and d.device.type != "cpu":
+            cap = capabilities.lookup(d.device.type)
+            if cap is None or not cap.whole_list_only:
+                return True
+    return False
 
 
 def busy() -> bool:
@@ -96,8 +103,9 @@ def _self_bumping_copy(dsts, srcs, non_blocking: bool) -> bool:
 
 def _stock(p: _plan.Plan, dsts, srcs, non_blocking: bool, bump: bool) -> None:
     """A whole-stock plan, bumping version counters as stock does (see plan.py)."""
-    if p.stock_reason[0] in ("aliasing", "may_raise", "meta", "order_dependent"):
-        # Stock's CPU kernel: a copy_ loop; an error leaves the earlier pairs written and bumped.
+    if p.stock_reason[0] in ("aliasing", "may_raise", "meta", "order_dependent", "whole_list_route"):
+        # Stock's per-pair route (CPU's kernel; CUDA's for lists it does not batch): a copy_ loop;
+        # an error leaves the earlier pairs written and bumped.
         outside_inference = not torch.is_inference_mode_enabled()
         for d, s in zip(dsts, srcs):
             d.copy_(s, non_blocking=non_blocking)
@@ -233,7 +241,7 @@ def foreach_copy(
     if planned is None or verify:
         counts, reasons, bumped = (
             _python_path(dsts, srcs, non_blocking, op, strict, verify, bump) if planned is None
-            else _native_verify(planned, dsts, srcs, non_blocking, op, strict)
+            else _native_verify(planned, dsts, srcs, non_blocking, op, strict, bump)
         )
         if bump and bumped is not True:
             torch.autograd.graph.increment_version(
@@ -288,7 +296,7 @@ def _python_path(dsts, srcs, non_blocking, op, strict, verify, bump) -> tuple[di
     return counts, _reasons(p), True if p.stock_reason is not None else self_bumped
 
 
-def _native_verify(planned, dsts, srcs, non_blocking, op, strict) -> tuple[dict, dict]:
+def _native_verify(planned, dsts, srcs, non_blocking, op, strict, bump) -> tuple[dict, dict, bool]:
     # Debugging aid: plan first (O(n) Python) to know whether stock runs the whole call.
     p = native_plan(dsts, srcs)
     if strict and (p.stock_reason is not None or p.fallback):
@@ -297,7 +305,7 @@ def _native_verify(planned, dsts, srcs, non_blocking, op, strict) -> tuple[dict,
 
     def run() -> None:
         nonlocal v
-        v = planned(dsts, srcs, non_blocking, False, False)
+        v = planned(dsts, srcs, non_blocking, False, bump)  # bumps as the native path does
 
     with _inside(), torch._C._AutoDispatchBelowADInplaceOrView():
         if p.stock_reason is None:
@@ -305,7 +313,7 @@ def _native_verify(planned, dsts, srcs, non_blocking, op, strict) -> tuple[dict,
         else:
             run()
     _, counts, reasons = decode_counts(v)
-    return counts, reasons, False
+    return counts, reasons, True
 
 
 def all_gather_copy_in(

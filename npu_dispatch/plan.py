@@ -192,6 +192,12 @@ def _span(indices: list[int]) -> str:
     return ", ".join(map(str, indices))
 
 
+# The address without materializing a copy-on-write tensor. Tensor.const_data_ptr is not in the
+# Python API of every torch the package allows; data_ptr() stands in there (it may materialize a
+# copy-on-write tensor; only torch 2.13 is tested).
+_ptr = getattr(_Tensor, "const_data_ptr", None) or _Tensor.data_ptr
+
+
 def _dense(t: _Tensor) -> bool:
     """ATen ``is_non_overlapping_and_dense``: strides are a permutation of a contiguous layout."""
     if t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last):
@@ -219,8 +225,8 @@ def _in_one_storage(t: _Tensor, nbytes: int) -> bool:
     Adjacent addresses alone are not enough: two allocations can sit side by side (the CUDA and
     NPU caching allocators split one segment), and a flat view must not leave its storage.
     """
-    base = t.const_data_ptr() - t.storage_offset() * t.element_size()
-    return t.const_data_ptr() + nbytes <= base + t.untyped_storage().nbytes()
+    base = _ptr(t) - t.storage_offset() * t.element_size()
+    return _ptr(t) + nbytes <= base + t.untyped_storage().nbytes()
 
 
 def _first_overlap(
@@ -330,9 +336,9 @@ def build_plan(
         ddense = d.is_contiguous() or _dense(d)
         if not ddense and torch._debug_has_internal_overlap(d) == 1:
             return stock("may_raise", f"dst[{i}] has internal overlap: stock raises there")
-        intervals.append((str(dd), d.const_data_ptr(), d.const_data_ptr() + _span_bytes(d), i, True))
+        intervals.append((str(dd), _ptr(d), _ptr(d) + _span_bytes(d), i, True))
         if s.numel():
-            intervals.append((str(sd), s.const_data_ptr(), s.const_data_ptr() + _span_bytes(s), i, False))
+            intervals.append((str(sd), _ptr(s), _ptr(s) + _span_bytes(s), i, False))
         if reason is None:
             reason = _off_route(i, d, s, dd, sd, ddense, caps, lookup)
         if reason is None:
@@ -377,12 +383,12 @@ def stock_batches(dsts, srcs) -> bool:
     these lists, as ATen ``foreach_tensor_copy_list_kernel_cuda_`` decides: every tensor on one
     device, strided, non-overlapping and dense; one source dtype; one destination dtype (newer
     ATen asks for it; older ones do not, and are then counted on the safe side); per pair equal
-    sizes and equal strides."""
+    sizes, and equal strides except on size-1 dims (ATen ``_check_tensors_share_sizes_and_strides``)."""
     dev, sdt, ddt = dsts[0].device, srcs[0].dtype, dsts[0].dtype
     for d, s in zip(dsts, srcs):
         if d.device != dev or s.device != dev or d.dtype != ddt or s.dtype != sdt:
             return False
-        if d.shape != s.shape or d.stride() != s.stride():
+        if d.shape != s.shape or not _same_strides(d, s):
             return False
         if not (_dense(d) and _dense(s)):
             return False
@@ -390,18 +396,16 @@ def stock_batches(dsts, srcs) -> bool:
 
 
 def _whole_list_plan(plan: Plan, dsts, srcs, cap: capabilities.Capability) -> Plan:
-    """A call on a ``whole_list_only`` device: stock's op takes it whole, always. Where stock
-    batches it, the plan is one foreach group of every non-empty pair (the executor hands the
-    group to stock's op: the same route, the same bits); else the whole call is stock's."""
+    """A call on a ``whole_list_only`` device: stock takes it whole, always. Where stock batches
+    it, the plan is one foreach group of every pair, empty ones included (the executor hands the
+    group to stock's op: the same route, bits, bumps and errors); else the whole call is stock's
+    per-pair route, which is a ``copy_`` loop (the executor runs that loop, bumping as it goes,
+    so an error leaves the same pairs written and bumped)."""
     if not stock_batches(dsts, srcs):
         plan.stock_reason = ("whole_list_route", _whole_list_text(cap.name))
         return plan
-    members = []
-    for i, d in enumerate(dsts):
-        (members if d.numel() else plan.empty).append(i)
-    if members:
-        d0, s0 = dsts[members[0]], srcs[members[0]]
-        plan.groups.append(Group(members, d0.device, s0.dtype, d0.dtype, cap.launches(len(members))))
+    plan.groups.append(Group(list(range(len(dsts))), dsts[0].device, srcs[0].dtype, dsts[0].dtype,
+                             cap.launches(len(dsts))))
     return plan
 
 
@@ -444,8 +448,8 @@ def _coalesce_and_group(plan: Plan, fast: list[int], dsts, srcs, caps) -> None:
     def close() -> None:
         if len(run) > 1:
             d0, s0 = dsts[run[0]], srcs[run[0]]
-            nbytes_d = d_end - d0.const_data_ptr()
-            nbytes_s = s_end - s0.const_data_ptr()
+            nbytes_d = d_end - _ptr(d0)
+            nbytes_s = s_end - _ptr(s0)
             if _in_one_storage(d0, nbytes_d) and _in_one_storage(s0, nbytes_s):
                 plan.runs.append(
                     Run(list(run), nbytes_d // d0.element_size(), d0.device, s0.dtype, d0.dtype)
@@ -459,8 +463,8 @@ def _coalesce_and_group(plan: Plan, fast: list[int], dsts, srcs, caps) -> None:
             p = run[-1]
             pd, ps = dsts[p], srcs[p]
             if (
-                d.const_data_ptr() == d_end
-                and s.const_data_ptr() == s_end
+                _ptr(d) == d_end
+                and _ptr(s) == s_end
                 and d.dtype == pd.dtype
                 and s.dtype == ps.dtype
                 and d.device == pd.device
@@ -475,8 +479,8 @@ def _coalesce_and_group(plan: Plan, fast: list[int], dsts, srcs, caps) -> None:
             run = []
         if d.is_contiguous() and s.is_contiguous():
             run = [i]
-            d_end = d.const_data_ptr() + d.numel() * d.element_size()
-            s_end = s.const_data_ptr() + s.numel() * s.element_size()
+            d_end = _ptr(d) + d.numel() * d.element_size()
+            s_end = _ptr(s) + s.numel() * s.element_size()
         else:
             singles.append(i)
     close()

@@ -220,8 +220,8 @@ def test_destination_data_access_warns_through_pythons_warnings_as_stock():
 @pytest.mark.parametrize("entry", ENTRIES, ids=lambda f: f.__name__)
 @pytest.mark.parametrize("where", ["throw_first", "refusal_first", "same_pair"])
 def test_a_destination_that_forbids_writes_raises_stocks_error(entry, where):
-    # The lane reads a pair's two tensors before deciding on it; here stock and the planner raise
-    # the same error wherever the refusal sits.
+    # Only the error is stock's here: stock writes (and bumps) the pairs before the forbidden one,
+    # and this library raises before writing any (a known difference, noted in the closing notes).
     def make():
         bad = torch.zeros(4)
         torch._C._set_throw_on_mutable_data_ptr(bad)
