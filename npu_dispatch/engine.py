@@ -289,7 +289,7 @@ def _python_path(dsts, srcs, non_blocking, op, strict, verify, bump) -> tuple[di
     # Below ADInplaceOrView, the copies issued here bump no version counter; the one bump per
     # listed destination that stock's in-place kernel makes is done once, by foreach_copy.
     with _inside(), torch._C._AutoDispatchBelowADInplaceOrView():
-        if verify and p.stock_reason is None:
+        if verify and p.stock_reason is None and not _plan.whole_list_call(dsts, srcs):
             _verify(p, dsts, srcs, non_blocking, run)
         else:
             run()
@@ -308,7 +308,7 @@ def _native_verify(planned, dsts, srcs, non_blocking, op, strict, bump) -> tuple
         v = planned(dsts, srcs, non_blocking, False, bump)  # bumps as the native path does
 
     with _inside(), torch._C._AutoDispatchBelowADInplaceOrView():
-        if p.stock_reason is None:
+        if p.stock_reason is None and not _plan.whole_list_call(dsts, srcs):
             _verify(p, dsts, srcs, non_blocking, run)
         else:
             run()
@@ -328,6 +328,7 @@ def all_gather_copy_in(
     strict: bool = False,
     verify: bool = False,
     bump: bool = True,
+    force_views: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FSDP2's copy-in, as ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py`` does it.
 
@@ -337,9 +338,13 @@ def all_gather_copy_in(
     second. Narrow and split raise stock's errors, before anything is written. ``bump``: as for
     :func:`foreach_copy` (each split of the output moves the output's counter once).
     """
-    # The views must carry autograd view metadata (``_base``) as stock's do; inside a dispatch
-    # mode's handler ADInplaceOrView is excluded, so let it run for narrow and split.
-    exclude = torch._C._dispatch_tls_local_exclude_set().remove(torch._C.DispatchKey.ADInplaceOrView)
+    # The views carry autograd view metadata (``_base``, a shared version counter) where stock's do.
+    # A dispatch mode's handler always runs with ADInplaceOrView excluded, though the caller's
+    # stock call would have made views: the mode passes ``force_views``. Any other caller below
+    # ADInplaceOrView gets what stock gives there: no view metadata.
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    if force_views:
+        exclude = exclude.remove(torch._C.DispatchKey.ADInplaceOrView)
     with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude):
         all_gather_input = all_gather_output.narrow(0, all_gather_input_numel * rank, all_gather_input_numel)
         dsts = torch.split(all_gather_input, inp_split_sizes)

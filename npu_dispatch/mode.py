@@ -48,7 +48,8 @@ def _like(d: torch.Tensor) -> torch.Tensor:
 
 def _all_gather_copy_in(mode, op, args, kwargs):
     bound = list(args) + [kwargs[k] for k in _FSDP_SCHEMA[len(args):]]
-    return engine.all_gather_copy_in(*bound, stats=mode.stats, op=op, strict=mode.strict, verify=mode.verify)
+    return engine.all_gather_copy_in(*bound, stats=mode.stats, op=op, strict=mode.strict, verify=mode.verify,
+                                   force_views=True)
 
 
 def _fsdp_op():

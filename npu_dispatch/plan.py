@@ -194,7 +194,8 @@ def _span(indices: list[int]) -> str:
 
 # The address without materializing a copy-on-write tensor. Tensor.const_data_ptr is not in the
 # Python API of every torch the package allows; data_ptr() stands in there (it may materialize a
-# copy-on-write tensor; only torch 2.13 is tested).
+# copy-on-write tensor, and raises on a source that forbids mutable access where stock copies it;
+# only torch 2.13 is tested).
 _ptr = getattr(_Tensor, "const_data_ptr", None) or _Tensor.data_ptr
 
 
@@ -362,6 +363,13 @@ def build_plan(
 def _plain(t) -> bool:
     return (isinstance(t, _Tensor) and not _own_dispatch(t) and not t.is_nested and t.layout is _strided
             and t.device.type != "meta")
+
+
+def whole_list_call(dsts, srcs) -> bool:
+    """Whether stock's op takes this call whole (a ``whole_list_only`` device): its result is then
+    stock's by construction, and ``verify`` has nothing to compare (its per-destination clones
+    would lose any overlap between destinations, which stock's batched kernel keeps)."""
+    return _whole_list_capability(dsts, srcs, capabilities.lookup) is not None
 
 
 def _whole_list_capability(dsts, srcs, lookup) -> capabilities.Capability | None:

@@ -207,6 +207,7 @@ CASES = {
     "inference_in_batched": lambda: ([z(0), inference(3), z(2)], [o(0), o(3), o(2)]),
     "empty_inference_in_batched": lambda: ([z(3), inference(0)], [o(3), o(0)]),
     "inference_pair_by_pair": lambda: ([z(2), inference(3), z(2, dtype=torch.bfloat16)], [o(2), o(3), o(2)]),
+    "same_destination_twice": lambda: (lambda a: ([a, a], [o(3), torch.full((3,), 2.0)]))(z(3)),
 }
 
 def verify_mode(d, s):
@@ -241,6 +242,37 @@ for name, make in CASES.items():
                 got = outcome(entry if wrap == "plain" else below(entry), make)
             if got != want:
                 bad.append((name, wrap, entry.__name__, want, got))
+# fsdp.all_gather_copy_in: the output's bits and version, and whether the input is a view of it.
+def gather_stock(*a):
+    return torch.ops.fsdp.all_gather_copy_in(*a)
+
+def gather_mode(*a):
+    with nd.NpuFastCopyMode():
+        return torch.ops.fsdp.all_gather_copy_in(*a)
+
+def gather_op(*a):
+    return torch.ops.npu_dispatch.all_gather_copy_in(*a)
+
+def gather(fn, sizes, wrap):
+    ins = [torch.full((n,), float(k + 1)) for k, n in enumerate(sizes)]
+    out = torch.zeros(2 * sum(sizes))
+    if wrap == "below":
+        with torch._C._AutoDispatchBelowADInplaceOrView():
+            inp, o = fn(ins, out, sizes, sum(sizes), 1)
+    else:
+        inp, o = fn(ins, out, sizes, sum(sizes), 1)
+    return bits(out).tolist(), out._version, inp._base is out, o is out
+
+for sizes in ([3, 5], [3, 0, 5]):
+    for wrap in ("plain", "below"):
+        want = gather(gather_stock, sizes, wrap)
+        for fn in (nd.all_gather_copy_in, gather_op, gather_mode):
+            if wrap == "below" and fn is gather_mode:
+                continue
+            with capabilities.override({"cpu": cap}):
+                got = gather(fn, sizes, wrap)
+            if got != want:
+                bad.append(("all_gather_copy_in", sizes, wrap, getattr(fn, "__name__", "?"), want, got))
 for b in bad:
     print(b)
 print("differences:", len(bad))
@@ -248,6 +280,8 @@ print("differences:", len(bad))
 
 
 def test_a_simulated_cuda_kernel_gives_stocks_errors_bits_and_versions_through_every_entry():
+    # _foreach_copy_ through the direct op, the op, the mode and verify; all_gather_copy_in through
+    # the direct op, the op and the mode; plain and below ADInplaceOrView.
     import os
     import subprocess
     import sys
@@ -257,3 +291,21 @@ def test_a_simulated_cuda_kernel_gives_stocks_errors_bits_and_versions_through_e
                          env={**os.environ, "NPU_DISPATCH_NATIVE": os.environ.get("NPU_DISPATCH_NATIVE", "1")})
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("differences: 0"), out.stdout[-3000:]
+
+
+def test_below_ad_inplace_or_view_a_whole_list_device_needs_no_bump_of_ours():
+    # A device with no entry (or an npu-like one) keeps the bumps there: whether its batched kernel
+    # bumps by itself is unknown. A whole_list_only device's kernel is watched by the executors.
+    from npu_dispatch import engine
+
+    meta = [torch.zeros(3, device="meta")]
+    whole = dataclasses.replace(capabilities.lookup("cpu"), name="cuda-like", whole_list_only=True)
+    with torch._C._AutoDispatchBelowADInplaceOrView():
+        assert engine.stock_bumps(meta) is True
+        assert engine.stock_bumps([torch.zeros(3)]) is False
+        with capabilities.override({"meta": whole}):
+            assert engine.stock_bumps(meta) is False
+            assert engine.stock_bumps(meta + [torch.zeros(3)]) is False
+        with capabilities.override({"meta": capabilities.npu_capability("9.1.0")}):
+            assert engine.stock_bumps(meta) is True
+    assert engine.stock_bumps(meta) is True
