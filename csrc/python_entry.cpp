@@ -102,17 +102,22 @@ PyObject* foreach_copy_planned(PyObject* /*self*/, PyObject* const* args, Py_ssi
 // pass takes a few microseconds.
 constexpr int64_t kReleaseGilBytes = 512 * 1024;
 
-// Nothing between the caller and the kernel would act on the op: no dispatch mode, no torch
-// function mode, no extra key switched on for this thread (functorch layers, Python key...).
+// Nothing between the caller and the kernel would act on the op: no dispatch mode (or, for
+// `from_mode`, exactly one: NpuFastCopyMode, whose torch-function front checked that it is the
+// one), no torch function mode, no extra key switched on for this thread (functorch layers...).
 // Below ADInplaceOrView (torch._C._AutoDispatchBelowADInplaceOrView) stock bumps no version
 // counter; the general path decides there.
-bool plain_context() {
-  if (c10::impl::TorchDispatchModeTLS::stack_len() != 0 || at::impl::torch_function_mode_enabled() ||
+bool plain_context(bool from_mode) {
+  if (c10::impl::TorchDispatchModeTLS::stack_len() != (from_mode ? 1 : 0) ||
+      at::impl::torch_function_mode_enabled() ||
       c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView)) {
     return false;
   }
   static const c10::DispatchKeySet usual({c10::DispatchKey::BackendSelect, c10::DispatchKey::ADInplaceOrView});
-  return (c10::impl::tls_local_dispatch_key_set().included_ - usual).empty();
+  // A dispatch mode switches these on for its thread.
+  static const c10::DispatchKeySet mode_keys({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot});
+  return (c10::impl::tls_local_dispatch_key_set().included_ - usual - (from_mode ? mode_keys : c10::DispatchKeySet()))
+      .empty();
 }
 
 bool unpack_impls(PyObject* list, c10::TensorImpl** out) {
@@ -125,21 +130,24 @@ bool unpack_impls(PyObject* list, c10::TensorImpl** out) {
   return true;
 }
 
-// foreach_copy_direct(dsts: list, srcs: list, non_blocking) -> bool
+// foreach_copy_direct(dsts: list, srcs: list, non_blocking[, from_mode]) -> bool | tuple
 // The public npu_dispatch.foreach_copy_ on the fast lane, counted in the direct op's stats.
 // False, with nothing written, when the call needs the general path (anything the lane
-// refuses, errors included: that path raises stock's).
+// refuses, errors included: that path raises stock's). With `from_mode` (NpuFastCopyMode's
+// torch-function front, its own dispatch mode the only one active) the count vector of
+// execute.h comes back instead of True, for the mode's stats.
 PyObject* foreach_copy_direct(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
-  if (nargs != 3) {
-    PyErr_SetString(PyExc_TypeError, "foreach_copy_direct(dsts, srcs, non_blocking)");
+  if (nargs != 3 && nargs != 4) {
+    PyErr_SetString(PyExc_TypeError, "foreach_copy_direct(dsts, srcs, non_blocking[, from_mode])");
     return nullptr;
   }
+  const bool from_mode = nargs == 4 && PyObject_IsTrue(args[3]) == 1;
   const auto t0 = std::chrono::steady_clock::now();
   PyObject* dl = args[0];
   PyObject* sl = args[1];
   if (!PyList_CheckExact(dl) || !PyList_CheckExact(sl) || PyList_GET_SIZE(dl) == 0 ||
-      PyList_GET_SIZE(dl) != PyList_GET_SIZE(sl) || !plain_context()) {
+      PyList_GET_SIZE(dl) != PyList_GET_SIZE(sl) || !plain_context(from_mode)) {
     Py_RETURN_FALSE;
   }
   // The GIL stays held from here to the copy (or the references below are taken), so the
@@ -169,6 +177,7 @@ PyObject* foreach_copy_direct(PyObject* /*self*/, PyObject* const* args, Py_ssiz
   }
   // One bump per listed destination, as stock's in-place op (the lane took no inference tensor).
   for (size_t i = 0; i < n; ++i) impls[i]->bump_version();
+  if (from_mode) return to_tuple(counts);
   const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
   npu_dispatch::record_direct(npu_dispatch::kOpForeachCopy, counts, ns.count());
   Py_RETURN_TRUE;

@@ -108,7 +108,7 @@ def worker(rank: int, world: int, port: int, args, out_path: str) -> None:
     try:
         timer = CopyInTimer()
         losses_stock, seconds_stock = train(args, device, rank, world, timer)
-        fast = npu_dispatch.NpuFastCopyMode()
+        fast = npu_dispatch.NpuFastCopyMode(front=args.front)
         losses_fast, seconds_fast = train(args, device, rank, world, fast)
         if rank == 0:
             stats = fast.stats.as_dict()
@@ -153,6 +153,8 @@ def main(argv=None) -> dict:
     p.add_argument("--batch", type=int, default=4, help="sequences per rank per step")
     p.add_argument("--device", choices=["cpu", "npu"], default="cpu")
     p.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
+    p.add_argument("--front", action="store_true",
+                   help="NpuFastCopyMode(front=True): Python calls of torch._foreach_copy_ skip the dispatcher")
     args = p.parse_args(argv)
     if args.device == "npu" and importlib.util.find_spec("torch_npu") is None:
         p.error("--device npu needs torch_npu and Ascend CANN: pip install 'npu-dispatch[npu]'")

@@ -36,14 +36,15 @@ def test_quick_json_structure(quick_run, capsys):
     tiny, overhead = result["workloads"]
 
     floor = {"pair_floor", "call_floor", "flat_direct"} if npu_dispatch._native.available() else set()
-    assert set(tiny["times_us"]) == {"stock", "direct", "mode", "bare_mode", "null_mode", "roofline"} | floor
+    assert set(tiny["times_us"]) == {"stock", "direct", "mode", "mode_front", "bare_mode", "null_mode", "roofline"} | floor
     assert set(overhead["times_us"]) == {"no_mode", "bare_mode", "mode"}
     for row in (tiny, overhead):
         for t in row["times_us"].values():
             assert t["median_us"] > 0 and t["blocks"] >= 1 and len(t["round_medians_us"]) == 1
         assert row["checks"] and all(isinstance(c["pass"], bool) for c in row["checks"])
         assert isinstance(row["pass"], bool)
-    assert {"speedup_direct", "speedup_mode", "efficiency_direct", "efficiency_bound"} <= tiny["metrics"].keys()
+    assert {"speedup_direct", "speedup_mode", "speedup_mode_front", "efficiency_direct",
+            "efficiency_bound"} <= tiny["metrics"].keys()
     if floor:
         # The ceiling is what the floor and the roofline allow: above any measured efficiency of ours.
         m = tiny["metrics"]
@@ -53,7 +54,7 @@ def test_quick_json_structure(quick_run, capsys):
     assert "extra_us_vs_bare_mode" in overhead["metrics"]
 
     assert tiny["pairs"] == 512 and tiny["elements"] == sum(workloads.TINY_SIZES)
-    assert tiny["bitwise_equal"] == {"direct": True, "mode": True}
+    assert tiny["bitwise_equal"] == {"direct": True, "mode": True, "mode_front": True}
     assert tiny["launches"] >= 1 and sum(tiny["paths"].values()) == 512
 
     md = (out / "benchmarks.md").read_text()

@@ -6,12 +6,15 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "examples", "fsdp_train.py")
 
 
-def test_fsdp2_training_is_bitwise_equal_and_takes_the_fast_path():
+@pytest.mark.parametrize("front", [False, True], ids=["mode", "mode_front"])
+def test_fsdp2_training_is_bitwise_equal_and_takes_the_fast_path(front):
     proc = subprocess.run(
-        [sys.executable, EXAMPLE, "--steps", "3", "--world-size", "2", "--json"],
+        [sys.executable, EXAMPLE, "--steps", "3", "--world-size", "2", "--json"] + (["--front"] if front else []),
         capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -4,6 +4,7 @@ interleaved, and derives ratios, efficiency, launches and the issue's targets.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 from typing import Callable
 
@@ -64,7 +65,8 @@ def variants(args) -> list[timing.Variant]:
     per-pair work any exact foreach copy repeats beyond the bytes (read every tensor's address and
     size, bump every destination's version counter; ``touch_pairs`` in csrc/python_entry.cpp),
     ``call_floor``, the same call on empty lists (its fixed cost, taken off the floor), and
-    ``flat_direct``, this library's kernel on the roofline's two flat buffers.
+    ``flat_direct``, this library's kernel on the roofline's two flat buffers; for foreach lists
+    also ``mode_front``, the stock call under ``NpuFastCopyMode(front=True)``.
     ``DispatchArgs``: ``no_mode``, ``bare_mode`` (:class:`PassThroughMode`), ``mode``.
     """
     V = timing.Variant
@@ -84,6 +86,9 @@ def variants(args) -> list[timing.Variant]:
         g.update(dsts=args.dsts, srcs=args.srcs, foreach_copy_=npu_dispatch.foreach_copy_)
         stock, direct = "torch._foreach_copy_(dsts, srcs)", "foreach_copy_(dsts, srcs)"
         bounds.append(V("null_mode", stock, g, NullMode))
+        # The mode with its torch-function front (NpuFastCopyMode(front=True)): Python calls of
+        # torch._foreach_copy_ that the fast lane takes skip the dispatcher's boxing.
+        bounds.append(V("mode_front", stock, g, functools.partial(NpuFastCopyMode, front=True)))
         module = _native.module()
         if module is not None:
             g.update(touch_pairs=module.touch_pairs, no_tensors=[])
@@ -162,7 +167,8 @@ def run_workload(w: Workload, cfg: Config, log: Callable[[str], None] = lambda s
                    bytes_moved=args.numel * (src_dtype.itemsize + dst_dtype.itemsize))
         log(f"{w.name}: bitwise check")
         row["bitwise_equal"] = bitwise_check(
-            args.outputs, by["stock"].run_once, {"direct": by["direct"].run_once, "mode": by["mode"].run_once}
+            args.outputs, by["stock"].run_once,
+            {k: by[k].run_once for k in ("direct", "mode", "mode_front") if k in by},
         )
         row["launches"], row["paths"] = _launches(by["stock"])
         row["stock_launches"] = args.pairs  # the stock CPU op: one copy_ per pair
@@ -178,6 +184,7 @@ def run_workload(w: Workload, cfg: Config, log: Callable[[str], None] = lambda s
         metrics = {
             "speedup_direct": _ratio(med["stock"], med["direct"]),
             "speedup_mode": _ratio(med["stock"], med["mode"]),
+            "speedup_mode_front": _ratio(med["stock"], med["mode_front"]) if "mode_front" in med else None,
             "efficiency_direct": _ratio(med["roofline"], med["direct"]),
             "efficiency_mode": _ratio(med["roofline"], med["mode"]),
             "efficiency_stock": _ratio(med["roofline"], med["stock"]),

@@ -192,7 +192,7 @@ WORKLOADS: tuple[Workload, ...] = (
         "tiny_many",
         "512 separate fp32 tensors of 64..256 elements, fp32 -> fp32 (dispatch bound)",
         lambda: _separate(TINY_SIZES, _f32, _f32),
-        (_ge("speedup_direct", 6), _ge("speedup_mode", 4)),
+        (_ge("speedup_direct", 6), _ge("speedup_mode", 4), _ge("speedup_mode_front", 4)),
     ),
     Workload(
         "small_many",

@@ -1,0 +1,180 @@
+"""``NpuFastCopyMode(front=True)``: Python calls of ``torch._foreach_copy_`` that the fast lane
+takes are copied before dispatch; everything else reaches the dispatch mode as without the front.
+Every case is compared with stock (bits, versions, errors, return value) and checks which way the
+call went (the lane's counter; the stats the mode keeps either way)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.autograd.forward_ad as fwad
+from torch.overrides import TorchFunctionMode
+from torch.testing._internal.two_tensor import TwoTensor
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import npu_dispatch as nd
+from npu_dispatch import _native
+from cases import bits
+
+if not _native.available():
+    pytest.skip(f"native library not built: {_native.status()[1]}", allow_module_level=True)
+
+
+def lane_calls() -> int:
+    return _native.info()["fast_lane_calls"]
+
+
+@pytest.fixture
+def dispatched(monkeypatch):
+    """Counts the calls of aten._foreach_copy_ that reach NpuFastCopyMode's dispatch handler."""
+    from npu_dispatch import mode as mode_module
+
+    mode_module._install_handlers()
+    op = torch.ops.aten._foreach_copy_.default
+    inner = mode_module._HANDLERS[op]
+    calls = []
+
+    def counting(*a, **k):
+        calls.append(1)
+        return inner(*a, **k)
+
+    monkeypatch.setitem(mode_module._HANDLERS, op, counting)
+    return calls
+
+
+def plain_lists():
+    g = torch.Generator().manual_seed(3)
+    srcs = [torch.randn(n, generator=g) for n in (5, 64, 300)]
+    srcs[0][1] = float("nan")
+    return [torch.zeros(n, dtype=torch.bfloat16) for n in (5, 64, 300)], srcs
+
+
+def same_as_stock(make, under):
+    d0, s0 = make()
+    r0 = torch._foreach_copy_(d0, s0)
+    d1, s1 = make()
+    with under:
+        r1 = torch._foreach_copy_(d1, s1)
+    assert all(torch.equal(bits(a), bits(b)) for a, b in zip(d0, d1))
+    assert [t._version for t in d1] == [t._version for t in d0]
+    assert (r0 is d0) == (r1 is d1)
+
+
+def test_a_plain_list_is_copied_before_dispatch_and_counted_by_the_mode(dispatched):
+    mode = nd.NpuFastCopyMode(front=True)
+    before = lane_calls()
+    same_as_stock(plain_lists, mode)
+    assert lane_calls() == before + 1 and dispatched == []
+    s = mode.stats.as_dict()
+    assert s["ops"]["aten._foreach_copy_"]["calls"] == 1 and s["ops"]["aten._foreach_copy_"]["fast_calls"] == 1
+    assert s["paths"]["foreach"]["tensors"] == 3
+
+
+def test_with_an_outer_dispatch_mode_the_front_steps_aside(dispatched):
+    class Outer(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    d0, s0 = plain_lists()
+    torch._foreach_copy_(d0, s0)
+    d1, s1 = plain_lists()
+    with Outer(), nd.NpuFastCopyMode(front=True):
+        torch._foreach_copy_(d1, s1)
+    assert dispatched == [1]  # as without the front
+    assert all(torch.equal(bits(a), bits(b)) for a, b in zip(d0, d1))
+
+
+def test_an_inner_dispatch_mode_still_sees_the_op():
+    seen = []
+
+    class Inner(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with nd.NpuFastCopyMode(front=True), Inner():
+        torch._foreach_copy_(*plain_lists())
+    assert "aten._foreach_copy_.default" in seen
+
+
+@pytest.mark.parametrize("where", ["inside", "outside"])
+def test_another_torch_function_mode_still_sees_the_call(where):
+    seen = []
+
+    class Watch(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    mode = nd.NpuFastCopyMode(front=True)
+    if where == "inside":
+        with mode, Watch():
+            same_as_stock(plain_lists, torch.autograd.graph.saved_tensors_hooks(lambda x: x, lambda x: x))
+    else:
+        with Watch(), mode:
+            torch._foreach_copy_(*plain_lists())
+    assert "_foreach_copy_" in seen
+
+
+@pytest.mark.parametrize("case", ["requires_grad", "strided", "tuple", "subclass", "forward_ad", "verify"])
+def test_calls_the_lane_does_not_take_reach_the_dispatch_mode_and_match_stock(case, dispatched):
+    def make():
+        d, s = plain_lists()
+        if case == "requires_grad":
+            s = [t.requires_grad_() for t in s]
+        elif case == "strided":
+            d = [torch.zeros(2 * t.numel(), dtype=torch.bfloat16)[::2] for t in s]
+        elif case == "tuple":
+            d, s = tuple(d), tuple(s)
+        elif case == "subclass":
+            d = [TwoTensor(t, t.clone()) for t in d]
+        return d, s
+
+    mode = nd.NpuFastCopyMode(front=True, verify=case == "verify")
+    if case == "forward_ad":
+        with fwad.dual_level():
+            same_as_stock(make, mode)
+    else:
+        same_as_stock(make, mode)
+    assert len(dispatched) >= 1  # the dispatch handler saw it (a subclass: its unwrapped copies)
+
+
+def test_errors_are_stocks():
+    def outcome(under):
+        d, s = [torch.zeros(3), torch.zeros(2)], [torch.ones(3), torch.ones(5)]
+        try:
+            with under:
+                torch._foreach_copy_(d, s)
+        except RuntimeError as e:
+            return str(e), [t._version for t in d], [bits(t) for t in d]
+        return None
+
+    want, got = outcome(torch.autograd.graph.saved_tensors_hooks(lambda x: x, lambda x: x)), outcome(
+        nd.NpuFastCopyMode(front=True))
+    assert want[0] == got[0] and want[1] == got[1]
+    assert all(torch.equal(a, b) for a, b in zip(want[2], got[2]))
+
+
+def test_compiled_code_under_the_front_matches_compiled_stock():
+    def f(d, s):
+        torch._foreach_copy_(d, s)
+
+    # Against the same compiled function without a mode: stock Inductor's own lowering of this
+    # copy rounds a NaN to bf16 differently from eager stock, mode or not.
+    torch._dynamo.reset()
+    d0, s0 = plain_lists()
+    torch.compile(f, fullgraph=True)(d0, s0)
+    torch._dynamo.reset()
+    d1, s1 = plain_lists()
+    with nd.NpuFastCopyMode(front=True):
+        torch.compile(f, fullgraph=True)(d1, s1)
+    assert all(torch.equal(bits(a), bits(b)) for a, b in zip(d0, d1))
+
+
+def test_re_entering_the_same_mode_keeps_one_front_per_level():
+    mode = nd.NpuFastCopyMode(front=True)
+    with mode:
+        with mode:
+            torch._foreach_copy_(*plain_lists())
+        torch._foreach_copy_(*plain_lists())
+    assert torch._C._len_torch_function_stack() == 0
+    assert mode.stats.as_dict()["ops"]["aten._foreach_copy_"]["calls"] == 2
