@@ -178,3 +178,24 @@ def test_re_entering_the_same_mode_keeps_one_front_per_level():
         torch._foreach_copy_(*plain_lists())
     assert torch._C._len_torch_function_stack() == 0
     assert mode.stats.as_dict()["ops"]["aten._foreach_copy_"]["calls"] == 2
+
+
+def test_a_compiled_function_compiles_once_per_mode_state_and_no_more():
+    # The documented cost of the front: Dynamo guards on the torch-function mode stack.
+    from torch._dynamo.testing import CompileCounter
+
+    def f(d, s):
+        torch._foreach_copy_(d, s)
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    cf = torch.compile(f, backend=counter)
+    mode = nd.NpuFastCopyMode(front=True)
+    for inside in (True, False, True, False):
+        d, s = plain_lists()
+        if inside:
+            with mode:
+                cf(d, s)
+        else:
+            cf(d, s)
+    assert counter.frame_count == 2
