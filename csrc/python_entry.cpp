@@ -110,7 +110,9 @@ constexpr int64_t kReleaseGilBytes = 512 * 1024;
 bool plain_context(bool from_mode) {
   if (c10::impl::TorchDispatchModeTLS::stack_len() != (from_mode ? 1 : 0) ||
       at::impl::torch_function_mode_enabled() ||
-      c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView)) {
+      c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView) ||
+      // torch._C._DisableTorchDispatch: the dispatch mode would not see the call either.
+      (from_mode && c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python))) {
     return false;
   }
   static const c10::DispatchKeySet usual({c10::DispatchKey::BackendSelect, c10::DispatchKey::ADInplaceOrView});
@@ -120,17 +122,34 @@ bool plain_context(bool from_mode) {
       .empty();
 }
 
+// An exact list or tuple (FSDP2 passes torch.split's tuples): its items and length, no copy.
+bool seq_items(PyObject* seq, PyObject*** items, Py_ssize_t* n) {
+  if (PyList_CheckExact(seq)) {
+    *items = PySequence_Fast_ITEMS(seq);
+    *n = PyList_GET_SIZE(seq);
+    return true;
+  }
+  if (PyTuple_CheckExact(seq)) {
+    *items = PySequence_Fast_ITEMS(seq);
+    *n = PyTuple_GET_SIZE(seq);
+    return true;
+  }
+  return false;
+}
+
 bool unpack_impls(PyObject* list, c10::TensorImpl** out) {
-  const Py_ssize_t n = PyList_GET_SIZE(list);
+  PyObject** items;
+  Py_ssize_t n;
+  if (!seq_items(list, &items, &n)) return false;
   for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject* o = PyList_GET_ITEM(list, i);
+    PyObject* o = items[i];
     if (!THPVariable_CheckExact(o)) return false;
     out[i] = THPVariable_Unpack(o).unsafeGetTensorImpl();
   }
   return true;
 }
 
-// foreach_copy_direct(dsts: list, srcs: list, non_blocking[, from_mode]) -> bool | tuple
+// foreach_copy_direct(dsts, srcs, non_blocking[, from_mode]) -> bool | tuple  (lists or tuples)
 // The public npu_dispatch.foreach_copy_ on the fast lane, counted in the direct op's stats.
 // False, with nothing written, when the call needs the general path (anything the lane
 // refuses, errors included: that path raises stock's). With `from_mode` (NpuFastCopyMode's
@@ -146,13 +165,16 @@ PyObject* foreach_copy_direct(PyObject* /*self*/, PyObject* const* args, Py_ssiz
   const auto t0 = std::chrono::steady_clock::now();
   PyObject* dl = args[0];
   PyObject* sl = args[1];
-  if (!PyList_CheckExact(dl) || !PyList_CheckExact(sl) || PyList_GET_SIZE(dl) == 0 ||
-      PyList_GET_SIZE(dl) != PyList_GET_SIZE(sl) || !plain_context(from_mode)) {
+  PyObject** ditems;
+  PyObject** sitems;
+  Py_ssize_t dn, sn;
+  if (!seq_items(dl, &ditems, &dn) || !seq_items(sl, &sitems, &sn) || dn == 0 || dn != sn ||
+      !plain_context(from_mode)) {
     Py_RETURN_FALSE;
   }
   // The GIL stays held from here to the copy (or the references below are taken), so the
   // lists cannot change under the raw TensorImpl pointers.
-  const size_t n = static_cast<size_t>(PyList_GET_SIZE(dl));
+  const size_t n = static_cast<size_t>(dn);
   std::vector<c10::TensorImpl*> impls(2 * n);
   if (!unpack_impls(dl, impls.data()) || !unpack_impls(sl, impls.data() + n)) Py_RETURN_FALSE;
   npu_dispatch::FastLane lane;
@@ -167,8 +189,8 @@ PyObject* foreach_copy_direct(PyObject* /*self*/, PyObject* const* args, Py_ssiz
   if (lane.bytes() > kReleaseGilBytes) {
     refs.reserve(2 * n);
     for (size_t i = 0; i < n; ++i) {
-      refs.add(PyList_GET_ITEM(dl, i));
-      refs.add(PyList_GET_ITEM(sl, i));
+      refs.add(ditems[i]);
+      refs.add(sitems[i]);
     }
     pybind11::gil_scoped_release no_gil;
     counts = lane.run();

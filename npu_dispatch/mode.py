@@ -129,14 +129,18 @@ class NpuFastCopyMode(TorchDispatchMode):
         verify: also run the stock op on clones of the destinations and raise
             :class:`npu_dispatch.FastCopyMismatchError` on any bitwise difference (slow: a
             debugging aid).
-        front: also catch Python calls of ``torch._foreach_copy_`` (FSDP2's own) before the
-            dispatcher, with a ``TorchFunctionMode`` pushed with this mode: a list the fast lane
-            takes (plain contiguous CPU pairs, no grad, no overlap) is copied there without the
-            boxing every dispatch mode pays (about 0.2 us a tensor: 152 -> 28 us on 512 tiny
-            tensors, where the dispatch route cannot beat 107 us). Anything else, or any other mode,
-            compiler or tracer present, goes on to dispatch unchanged. Cost: ``torch.compile``
-            guards on the torch-function mode stack, so a compiled function called both inside
-            and outside such a mode is compiled once for each.
+        front: also catch Python calls of ``torch._foreach_copy_`` (FSDP2's own, lists or tuples)
+            before the dispatcher, with a ``TorchFunctionMode`` pushed with this mode: a list the
+            fast lane takes (plain contiguous CPU pairs, no grad, no overlap) is copied there
+            without the boxing every dispatch mode pays (about 0.2 us a tensor: 154 -> 27 us on 512
+            tiny tensors, where the dispatch route cannot beat 107 us). Anything else goes on to
+            dispatch unchanged, and so does every call while another torch function mode entered
+            before this one (``torch.set_default_device`` pushes one) or another dispatch mode is
+            active, or a compiler, tracer, profiler or forward AD is at work. Costs:
+            ``torch.compile`` guards on the torch-function mode stack, so a compiled function
+            called both inside and outside such a mode is compiled once for each; and every
+            other torch call in the block passes the front too (about 0.9 us each on this CPU).
+            Exit modes in the reverse order of entry (RuntimeError otherwise).
 
     ``stats`` (:class:`npu_dispatch.CopyStats`) counts calls, tensors, bytes and device launches
     per path and fallbacks by reason; ``stats.report()`` renders them. Tensor subclasses (DTensor
@@ -163,16 +167,24 @@ class NpuFastCopyMode(TorchDispatchMode):
         return out
 
     def __exit__(self, exc_type, exc_value, traceback):
-        front = self._fronts.pop()
+        front = self._fronts[-1]
         if front is not None:
+            depth = torch._C._len_torch_function_stack()
+            if depth == 0 or torch._C._get_function_stack_at(depth - 1) is not front:
+                # Popping now would pop the other mode and leave this front behind; nothing is
+                # changed, so exiting the other mode first and then this one still works.
+                raise RuntimeError("NpuFastCopyMode(front=True) exited while a torch function mode entered "
+                                   "after it is still active: exit modes in the reverse order of entry")
             front.__exit__(exc_type, exc_value, traceback)
+        self._fronts.pop()
         return super().__exit__(exc_type, exc_value, traceback)
 
     def _lane_copy(self, args, kwargs) -> bool:
         """The front's check: this mode is the only mode (dispatch or torch function) that would
         see the call, nothing records or differentiates it, and the fast lane (C++, its own checks:
         plain contiguous CPU pairs, no grad, no overlap...) takes it whole. True when copied."""
-        if (self.verify or len(args) < 2 or not isinstance(args[0], list) or not isinstance(args[1], list)
+        if (self.verify or len(args) < 2 or type(args[0]) not in (list, tuple) or type(args[1]) not in (list, tuple)
+                or torch._C._autograd._profiler_enabled()  # the profiler records the op itself
                 or torch._C._len_torch_function_stack() != 0
                 or torch._C._len_torch_dispatch_stack() != 1 or _get_current_dispatch_mode() is not self
                 or torch.compiler.is_compiling() or torch._C._get_tracing_state() or _fwad._current_level >= 0

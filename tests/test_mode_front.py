@@ -115,7 +115,7 @@ def test_another_torch_function_mode_still_sees_the_call(where):
     assert "_foreach_copy_" in seen
 
 
-@pytest.mark.parametrize("case", ["requires_grad", "strided", "tuple", "subclass", "forward_ad", "verify"])
+@pytest.mark.parametrize("case", ["requires_grad", "strided", "subclass", "forward_ad", "verify", "profiler"])
 def test_calls_the_lane_does_not_take_reach_the_dispatch_mode_and_match_stock(case, dispatched):
     def make():
         d, s = plain_lists()
@@ -123,8 +123,6 @@ def test_calls_the_lane_does_not_take_reach_the_dispatch_mode_and_match_stock(ca
             s = [t.requires_grad_() for t in s]
         elif case == "strided":
             d = [torch.zeros(2 * t.numel(), dtype=torch.bfloat16)[::2] for t in s]
-        elif case == "tuple":
-            d, s = tuple(d), tuple(s)
         elif case == "subclass":
             d = [TwoTensor(t, t.clone()) for t in d]
         return d, s
@@ -133,6 +131,10 @@ def test_calls_the_lane_does_not_take_reach_the_dispatch_mode_and_match_stock(ca
     if case == "forward_ad":
         with fwad.dual_level():
             same_as_stock(make, mode)
+    elif case == "profiler":
+        with torch.profiler.profile() as prof:
+            same_as_stock(make, mode)
+        assert "aten::_foreach_copy_" in {e.name for e in prof.events()}  # as the profiler records stock
     else:
         same_as_stock(make, mode)
     assert len(dispatched) >= 1  # the dispatch handler saw it (a subclass: its unwrapped copies)
@@ -199,3 +201,41 @@ def test_a_compiled_function_compiles_once_per_mode_state_and_no_more():
         else:
             cf(d, s)
     assert counter.frame_count == 2
+
+
+def test_torch_split_tuples_take_the_front_as_fsdp2_passes_them(dispatched):
+    # FSDP2's copy-in: torch._foreach_copy_(torch.split(...), inputs), a tuple of views.
+    def make():
+        g = torch.Generator().manual_seed(5)
+        return torch.zeros(40, dtype=torch.bfloat16).split([7, 0, 33]), tuple(
+            torch.randn(n, generator=g) for n in (7, 0, 33))
+
+    before = lane_calls()
+    same_as_stock(make, nd.NpuFastCopyMode(front=True))
+    assert lane_calls() == before + 1 and dispatched == []
+
+
+def test_with_torch_dispatch_disabled_the_front_counts_nothing_as_the_mode():
+    mode = nd.NpuFastCopyMode(front=True)
+    d0, s0 = plain_lists()
+    torch._foreach_copy_(d0, s0)
+    d1, s1 = plain_lists()
+    with mode, torch._C._DisableTorchDispatch():
+        torch._foreach_copy_(d1, s1)
+    assert mode.stats.as_dict()["ops"] == {}
+    assert all(torch.equal(bits(a), bits(b)) for a, b in zip(d0, d1))
+
+
+def test_exiting_out_of_order_raises_instead_of_popping_the_other_mode():
+    class Watch(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    mode, watch = nd.NpuFastCopyMode(front=True), Watch()
+    mode.__enter__()
+    watch.__enter__()
+    with pytest.raises(RuntimeError, match="reverse order"):
+        mode.__exit__(None, None, None)
+    watch.__exit__(None, None, None)
+    mode.__exit__(None, None, None)  # nothing was changed by the refused exit: now in order
+    assert torch._C._len_torch_function_stack() == 0 and torch._C._len_torch_dispatch_stack() == 0
