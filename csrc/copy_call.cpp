@@ -13,13 +13,6 @@ namespace npu_dispatch {
 
 namespace {
 
-bool has_lazy_bit_dst(at::TensorList dsts) {
-  for (const auto& d : dsts) {
-    if (d.defined() && (d.is_conj() || d.is_neg())) return true;
-  }
-  return false;
-}
-
 bool any_requires_grad(at::TensorList ts) {
   for (const auto& t : ts) {
     if (t.requires_grad()) return true;
@@ -31,7 +24,7 @@ bool any_requires_grad(at::TensorList ts) {
 
 std::vector<int64_t> plan_and_run(at::TensorList dsts, at::TensorList srcs, bool non_blocking,
                                   bool strict, bool bump, bool defer_if_grad) {
-  if (has_lazy_bit_dst(dsts)) {
+  if (lazy_bit_dst(dsts) >= 0) {
     // plan.py lazy_bit_dst: stock's dispatcher raises for such a list before checking it, so the
     // stock op gives the error (and, were it ever to accept the list, the copy and its bumps).
     at::_foreach_copy_(dsts, srcs, non_blocking);

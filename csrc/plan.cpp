@@ -142,10 +142,8 @@ class Planner {
 
   Plan run() {
     // plan.py: stock's dispatcher refuses a mutable list with a conjugate or negative view.
-    for (int64_t i = 0; i < plan_.n; ++i) {
-      const auto& d = dsts_[i];
-      if (d.defined() && (d.is_conj() || d.is_neg())) return stock(Kind::ConjNeg, i, 0);
-    }
+    const int64_t lazy = lazy_bit_dst(dsts_);
+    if (lazy >= 0) return stock(Kind::ConjNeg, lazy, 0);
     int64_t whole_at = -1;
     if (const Capability* whole = whole_list_capability(&whole_at)) return whole_list(*whole, whole_at);
     std::vector<int64_t> fast;
@@ -472,6 +470,14 @@ class Planner {
 };
 
 }  // namespace
+
+int64_t lazy_bit_dst(at::TensorList dsts) {
+  for (size_t i = 0; i < dsts.size(); ++i) {
+    const auto& d = dsts[i];
+    if (d.defined() && (d.is_conj() || d.is_neg())) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
 
 bool copy_dtype(c10::ScalarType t) {
   switch (t) {

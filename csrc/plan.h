@@ -71,6 +71,10 @@ std::vector<int64_t> encode_plan(const Plan& p);
 
 void check_lists(at::TensorList dsts, at::TensorList srcs);
 
+// plan.py lazy_bit_dst: index of the first destination with a lazy conjugate or negative bit
+// (stock's dispatcher refuses such a mutable list before its kernel checks it), or -1.
+int64_t lazy_bit_dst(at::TensorList dsts);
+
 // plan.py _COPY_DTYPES: copy_ between these never raises; others (quantized, bits, float8...)
 // may raise midway, so the whole call stays on stock.
 bool copy_dtype(c10::ScalarType t);

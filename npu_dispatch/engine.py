@@ -20,6 +20,7 @@ import time
 from typing import Sequence
 
 import torch
+import torch.autograd.forward_ad as _fwad
 
 from . import _native, capabilities
 from . import plan as _plan
@@ -27,7 +28,7 @@ from ._native_plan import BLOCKED, DEFERRED, decode_counts, native_plan
 from .errors import FastCopyFallbackError, FastCopyMismatchError
 from .stats import CopyStats
 
-__all__ = ["busy", "stock_bumps", "foreach_copy", "all_gather_copy_in"]
+__all__ = ["busy", "recorded", "stock_bumps", "foreach_copy", "all_gather_copy_in"]
 
 _local = threading.local()
 _aten_foreach_copy_ = torch.ops.aten._foreach_copy_.default
@@ -56,6 +57,14 @@ def stock_bumps(dsts: Sequence) -> bool:
             if cap is None or not cap.whole_list_only:
                 return True
     return False
+
+
+def recorded() -> bool:
+    """Whether a compiler, the JIT tracer or forward-mode AD must see the op itself: callers that
+    would otherwise reach the fast lane without the dispatcher (the direct op, the mode's front)
+    step aside then."""
+    return (torch.compiler.is_compiling() or torch._C._get_tracing_state() is not None
+            or _fwad._current_level >= 0)
 
 
 def busy() -> bool:
@@ -342,10 +351,11 @@ def all_gather_copy_in(
     # A dispatch mode's handler always runs with ADInplaceOrView excluded, though the caller's
     # stock call would have made views: the mode passes ``force_views``. Any other caller below
     # ADInplaceOrView gets what stock gives there: no view metadata.
-    exclude = torch._C._dispatch_tls_local_exclude_set()
+    views = contextlib.nullcontext()
     if force_views:
-        exclude = exclude.remove(torch._C.DispatchKey.ADInplaceOrView)
-    with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude):
+        exclude = torch._C._dispatch_tls_local_exclude_set().remove(torch._C.DispatchKey.ADInplaceOrView)
+        views = torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude)
+    with views:
         all_gather_input = all_gather_output.narrow(0, all_gather_input_numel * rank, all_gather_input_numel)
         dsts = torch.split(all_gather_input, inp_split_sizes)
     with torch.no_grad():

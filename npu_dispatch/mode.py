@@ -9,7 +9,6 @@ import logging
 import time
 
 import torch
-import torch.autograd.forward_ad as _fwad
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import (TorchDispatchMode, _get_current_dispatch_mode,
                                           is_traceable_wrapper_subclass_type)
@@ -187,8 +186,7 @@ class NpuFastCopyMode(TorchDispatchMode):
                 or torch._C._autograd._profiler_enabled()  # the profiler records the op itself
                 or torch._C._len_torch_function_stack() != 0
                 or torch._C._len_torch_dispatch_stack() != 1 or _get_current_dispatch_mode() is not self
-                or torch.compiler.is_compiling() or torch._C._get_tracing_state() or _fwad._current_level >= 0
-                or engine.busy()):
+                or engine.recorded() or engine.busy()):
             return False
         direct = _native.direct_op()
         if direct is None:

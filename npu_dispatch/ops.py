@@ -93,9 +93,7 @@ def _plain_call() -> bool:
     return (
         torch._C._len_torch_dispatch_stack() == 0
         and not torch._C._is_torch_function_mode_enabled()
-        and not torch.compiler.is_compiling()
-        and not torch._C._get_tracing_state()
-        and _fwad._current_level < 0
+        and not engine.recorded()
         and _native.planned_op() is not None
     )
 
@@ -132,8 +130,7 @@ def foreach_copy_(
     # would see the op and that no tensor requires grad; a compiler recording this function, or
     # forward-mode AD, takes the op below instead.
     direct = _native.direct_op()
-    if (direct is not None and not torch.compiler.is_compiling() and _fwad._current_level < 0
-            and direct(self, src, non_blocking)):
+    if direct is not None and not engine.recorded() and direct(self, src, non_blocking):
         return self
     if not (_plain_call() and engine.foreach_copy(
         self, src, non_blocking, stats=_stats._GLOBAL, op="npu_dispatch.foreach_copy_", defer_if_grad=True,

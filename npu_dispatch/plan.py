@@ -376,10 +376,12 @@ def _whole_list_capability(dsts, srcs, lookup) -> capabilities.Capability | None
     """The capability of a ``whole_list_only`` device type the call touches, if every tensor is a
     plain strided one (others take the usual whole-call decisions below)."""
     found = None
+    looked: set[str] = set()  # one lookup per device type, not per tensor
     for t in (*dsts, *srcs):
         if not _plain(t):
             return None
-        if found is None:
+        if found is None and t.device.type not in looked:
+            looked.add(t.device.type)
             cap = lookup(t.device.type)
             if cap is not None and cap.whole_list_only:
                 found = cap

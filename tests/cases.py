@@ -34,6 +34,13 @@ def mode_copy(dsts, srcs):
     with nd.NpuFastCopyMode():
         torch._foreach_copy_(dsts, srcs)
 
+
+def lane_calls() -> int:
+    """Calls the native fast lane has run (csrc/fast_lane.h): which way a call went."""
+    from npu_dispatch import _native
+
+    return _native.info()["fast_lane_calls"]
+
 FLOATS = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 INTS = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
 OTHERS = [torch.bool, torch.complex64, torch.complex128]

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 import npu_dispatch as nd
 from npu_dispatch import _native
-from cases import (Case, Pair, assert_same, bits, build, direct_copy, mode_copy, op_copy, run, stock_copy,
-                   storage_bytes)
+from cases import (Case, Pair, assert_same, bits, build, direct_copy, lane_calls, mode_copy, op_copy, run,
+                   stock_copy, storage_bytes)
 
 if not _native.available():
     if os.environ.get("NPU_DISPATCH_REQUIRE_NATIVE") == "1":
@@ -28,10 +28,6 @@ if not _native.available():
     pytest.skip(f"native library not built: {_native.status()[1]}", allow_module_level=True)
 
 f32, f16, bf16, i32, f64 = torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.float64
-
-
-def lane_calls() -> int:
-    return _native.info()["fast_lane_calls"]
 
 
 ENTRIES = [direct_copy, op_copy, mode_copy]

@@ -13,14 +13,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import npu_dispatch as nd
 from npu_dispatch import _native
-from cases import bits
+from cases import bits, lane_calls
 
 if not _native.available():
     pytest.skip(f"native library not built: {_native.status()[1]}", allow_module_level=True)
-
-
-def lane_calls() -> int:
-    return _native.info()["fast_lane_calls"]
 
 
 @pytest.fixture

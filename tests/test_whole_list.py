@@ -17,7 +17,7 @@ import npu_dispatch as nd
 from npu_dispatch import _native, capabilities
 from npu_dispatch.errors import FastCopyFallbackError
 from npu_dispatch.plan import build_plan
-from cases import assert_same, bits, build, cases, direct_copy, mode_copy, op_copy, run, stock_copy
+from cases import assert_same, bits, build, cases, direct_copy, lane_calls, mode_copy, op_copy, run, stock_copy
 
 f32, bf16, f16 = torch.float32, torch.bfloat16, torch.float16
 ENTRIES = [direct_copy, op_copy, mode_copy]
@@ -100,10 +100,10 @@ def test_strict_refuses_a_list_stock_copies_pair_by_pair_before_writing():
 
 @pytest.mark.skipif(not _native.available(), reason="native library not built")
 def test_the_fast_lane_leaves_such_a_device_to_the_planner():
-    before = _native.info()["fast_lane_calls"]
+    before = lane_calls()
     with whole_list_cpu():
         nd.foreach_copy_([torch.zeros(3)], [torch.ones(3)])
-    assert _native.info()["fast_lane_calls"] == before
+    assert lane_calls() == before
 
 
 @pytest.mark.skipif(not _native.available(), reason="native library not built")

@@ -81,14 +81,14 @@ def variants(args) -> list[timing.Variant]:
         "flat_src": torch.randn(numel).to(src_dtype),
         "flat_dst": torch.zeros(numel, dtype=dst_dtype),
     }
-    bounds = []  # the variants the bounds come from
+    bounds = []  # foreach lists only: the front, and the variants the bounds come from
     if isinstance(args, ForeachArgs):
         g.update(dsts=args.dsts, srcs=args.srcs, foreach_copy_=npu_dispatch.foreach_copy_)
         stock, direct = "torch._foreach_copy_(dsts, srcs)", "foreach_copy_(dsts, srcs)"
-        bounds.append(V("null_mode", stock, g, NullMode))
         # The mode with its torch-function front (NpuFastCopyMode(front=True)): Python calls of
         # torch._foreach_copy_ that the fast lane takes skip the dispatcher's boxing.
         bounds.append(V("mode_front", stock, g, functools.partial(NpuFastCopyMode, front=True)))
+        bounds.append(V("null_mode", stock, g, NullMode))
         module = _native.module()
         if module is not None:
             g.update(touch_pairs=module.touch_pairs, no_tensors=[])
@@ -179,7 +179,6 @@ def run_workload(w: Workload, cfg: Config, log: Callable[[str], None] = lambda s
     if isinstance(args, DispatchArgs):
         metrics = {"extra_us_vs_bare_mode": med["mode"] - med["bare_mode"],
                    "extra_us_vs_no_mode": med["mode"] - med["no_mode"]}
-        ceilings = {}
     else:
         metrics = {
             "speedup_direct": _ratio(med["stock"], med["direct"]),
