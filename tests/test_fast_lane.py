@@ -214,7 +214,7 @@ def test_destination_data_access_warns_through_pythons_warnings_as_stock():
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=lambda f: f.__name__)
-@pytest.mark.parametrize("where", ["throw_first", "refusal_first", "same_pair"])
+@pytest.mark.parametrize("where", ["alone", "throw_first", "refusal_first", "same_pair"])
 def test_a_destination_that_forbids_writes_raises_stocks_error(entry, where):
     # Only the error is stock's here: stock writes (and bumps) the pairs before the forbidden one,
     # and this library raises before writing any (a known difference, noted in the closing notes).
@@ -223,6 +223,9 @@ def test_a_destination_that_forbids_writes_raises_stocks_error(entry, where):
         torch._C._set_throw_on_mutable_data_ptr(bad)
         strided = torch.ones(4, 2)[:, 0]
         d, s = [torch.zeros(4) for _ in range(3)], [torch.ones(4) for _ in range(3)]
+        if where == "alone":  # every other pair plain: the lane itself meets the forbidden write
+            d[1] = bad
+            return d, s
         k_bad, k_strided = {"throw_first": (0, 2), "refusal_first": (2, 0), "same_pair": (1, 1)}[where]
         d[k_bad], s[k_strided] = bad, strided
         return d, s
