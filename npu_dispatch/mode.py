@@ -131,7 +131,7 @@ class NpuFastCopyMode(TorchDispatchMode):
         front: also catch Python calls of ``torch._foreach_copy_`` (FSDP2's own, lists or tuples)
             before the dispatcher, with a ``TorchFunctionMode`` pushed with this mode: a list the
             fast lane takes (plain contiguous CPU pairs, no grad, no overlap) is copied there
-            without the boxing every dispatch mode pays (about 0.2 us a tensor: 154 -> 27 us on 512
+            without the boxing every dispatch mode pays (about 0.2 us a tensor: 154 -> 28 us on 512
             tiny tensors, where the dispatch route cannot beat 107 us). Anything else goes on to
             dispatch unchanged, and so does every call while another torch function mode entered
             before this one (``torch.set_default_device`` pushes one) or another dispatch mode is
