@@ -39,6 +39,16 @@ class CpuCopyBatch {
   // continues the last item (adjacent in memory, same op, route said mergeable).
   void add_contiguous(char* dst, const char* src, int64_t numel, size_t dst_itemsize, CopyOp op,
                       bool extend);
+  // add_contiguous for an op that route() called mergeable (no FBGEMM chunks), inline: the lane
+  // adds one item per separately allocated pair. `n` as WorkItem::n.
+  void add_mergeable(char* dst, const char* src, int64_t n, CopyOp op, bool extend) {
+    if (extend) {
+      items_.back().n += n;
+      items_.back().exact_len += n;
+    } else {
+      items_.push_back({dst, src, n, n, op});
+    }
+  }
   void reserve(size_t n) { items_.reserve(n); }
   void run();
   bool empty() const { return items_.empty(); }

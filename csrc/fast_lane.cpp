@@ -73,6 +73,9 @@ bool FastLane::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* src
     c10::TensorImpl* d = dsts[i];
     const c10::TensorImpl* s = srcs[i];
     if (d->key_set() != plain || s->key_set() != plain) return false;
+    // A destination without a version counter (an inference tensor given a new `.data`) keeps
+    // plain keys: stock's bump raises at that pair outside inference mode. The planner decides.
+    if (!d->version_counter().enabled()) return false;
     // Only a tensor with autograd metadata can require grad (an out-of-line call).
     if (grad_check && ((d->autograd_meta() != nullptr && d->requires_grad()) ||
                        (s->autograd_meta() != nullptr && s->requires_grad()))) {
@@ -119,20 +122,30 @@ bool FastLane::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* src
     const uint16_t dtypes = dtype_pair(st, dt);
     const bool adjacent = run_len_ > 0 && dtypes == run_dtypes_ &&
                           du == dst_spans_.back().end && su == src_spans_.back().end;
+    // A Memcpy item counts bytes (WorkItem::n).
+    const int64_t item_n = op == CopyOp::Memcpy ? dbytes : numel;
     if (adjacent) {
       // plan.cpp coalesces only inside one storage; two storages side by side are its call.
       if (dst_storage.unsafeGetStorageImpl() != run_dst_storage ||
           src_storage.unsafeGetStorageImpl() != run_src_storage) {
         return false;
       }
-      batch_.add_contiguous(dptr, sptr, numel, ditem, op, mergeable);
+      if (mergeable) {
+        batch_.add_mergeable(dptr, sptr, item_n, op, true);
+      } else {
+        batch_.add_contiguous(dptr, sptr, numel, ditem, op, false);
+      }
       dst_spans_.back().end += dbytes;
       src_spans_.back().end += sbytes;
       ++run_len_;
       run_bytes_ += dbytes;
     } else {
       close_run();
-      batch_.add_contiguous(dptr, sptr, numel, ditem, op, false);
+      if (mergeable) {
+        batch_.add_mergeable(dptr, sptr, item_n, op, false);
+      } else {
+        batch_.add_contiguous(dptr, sptr, numel, ditem, op, false);
+      }
       dst_spans_.push_back({du, du + dbytes});
       src_spans_.push_back({su, su + sbytes});
       run_len_ = 1;
@@ -147,7 +160,7 @@ bool FastLane::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* src
   return disjoint();
 }
 
-void FastLane::close_run() {
+void FastLane::close_run_slow() {
   if (run_len_ >= 2) {
     ++runs_;
     run_tensors_ += run_len_;

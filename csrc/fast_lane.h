@@ -42,7 +42,18 @@ class FastLane {
     uint16_t dtypes;  // dtype_pair()
     int64_t tensors, bytes;
   };
-  void close_run();
+  // Ends the run being built. A single that joins the last group hit (the common case: one
+  // dtype pair per list) stays inline; the rest is close_run_slow.
+  void close_run() {
+    if (run_len_ == 1 && last_group_ < groups_.size() && groups_[last_group_].dtypes == run_dtypes_) {
+      groups_[last_group_].tensors += 1;
+      groups_[last_group_].bytes += run_bytes_;
+      run_len_ = 0;
+      return;
+    }
+    close_run_slow();
+  }
+  void close_run_slow();
   bool disjoint();
 
   const Capability* cap_ = nullptr;

@@ -166,7 +166,9 @@ class Planner {
       if (!copy_dtype(d.scalar_type()) || !copy_dtype(s.scalar_type())) {
         return stock(Kind::MayRaise, i, 2);
       }
-      if (d.is_inference() && !c10::InferenceMode::is_enabled()) {
+      // An inference tensor, or one given a new `.data` after being made in inference mode
+      // (plain keys, no version counter): stock's bump raises at that pair, after its write.
+      if (!d.unsafeGetTensorImpl()->version_counter().enabled() && !c10::InferenceMode::is_enabled()) {
         return stock(Kind::MayRaise, i, 3);
       }
       Kind reason = Kind::None;

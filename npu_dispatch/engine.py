@@ -104,7 +104,7 @@ def _self_bumping_copy(dsts, srcs, non_blocking: bool) -> bool:
     """``_foreach_copy_`` of the lists; True when the device's kernel bumped their version
     counters itself. CUDA's fused route (multi_tensor_apply) does, even below ADInplaceOrView,
     as it does under stock; its per-pair route does not. One listed counter tells which ran."""
-    probe = next((d for d in dsts if not d.is_inference()), None)
+    probe = next((d for d in dsts if not _plan._no_version_counter(d)), None)
     before = probe._version if probe is not None else 0
     _aten_foreach_copy_(dsts, srcs, non_blocking)
     return probe is not None and probe._version != before
@@ -119,7 +119,7 @@ def _stock(p: _plan.Plan, dsts, srcs, non_blocking: bool, bump: bool) -> None:
         for d, s in zip(dsts, srcs):
             d.copy_(s, non_blocking=non_blocking)
             # Stock's version bump raises this, after the write (no bump, no error).
-            if bump and outside_inference and d.is_inference():
+            if bump and outside_inference and _plan._no_version_counter(d):
                 raise RuntimeError(_plan.INFERENCE_WRITE_ERROR)
             if bump:
                 torch.autograd.graph.increment_version(d)

@@ -59,7 +59,20 @@ INFERENCE_WRITE_ERROR = (
 
 
 def _inference_text(i: int) -> str:
-    return f"dst[{i}] is an inference tensor outside inference_mode: stock raises there"
+    return (f"dst[{i}] has no version counter (an inference tensor) outside inference_mode: "
+            "stock raises there, after writing it")
+
+
+def _no_version_counter(t: torch.Tensor) -> bool:
+    """An inference tensor, or one given another tensor's ``.data`` after it was made in
+    inference_mode (plain keys, ``is_inference()`` False, still no counter)."""
+    if t.is_inference():
+        return True
+    try:
+        t._version
+    except RuntimeError:
+        return True
+    return False
 
 
 def _odd_dtype_text(i: int, sdt: torch.dtype, ddt: torch.dtype) -> str:
@@ -312,7 +325,7 @@ def build_plan(
             return stock("meta", f"pair {i} has a meta tensor")
         if d.dtype not in _COPY_DTYPES or s.dtype not in _COPY_DTYPES:
             return stock("may_raise", _odd_dtype_text(i, s.dtype, d.dtype))
-        if d.is_inference() and not torch.is_inference_mode_enabled():
+        if not torch.is_inference_mode_enabled() and _no_version_counter(d):
             return stock("may_raise", _inference_text(i))
         dshape = d.shape
         if dshape != s.shape:

@@ -11,7 +11,7 @@ import torch
 
 import npu_dispatch
 from npu_dispatch.bench import __main__ as bench_main
-from npu_dispatch.bench import workloads
+from npu_dispatch.bench import suite, workloads
 
 _ONLY = ["tiny_many", "mode_overhead"]
 
@@ -35,7 +35,7 @@ def test_quick_json_structure(quick_run, capsys):
     assert [r["name"] for r in result["workloads"]] == _ONLY
     tiny, overhead = result["workloads"]
 
-    floor = {"pair_floor", "call_floor", "flat_direct"} if npu_dispatch._native.available() else set()
+    floor = {"pair_floor", "call_floor", "flat_direct", "copy_floor", "direct_copy_floor"} if npu_dispatch._native.available() else set()
     assert set(tiny["times_us"]) == {"stock", "direct", "mode", "mode_front", "bare_mode", "null_mode", "roofline"} | floor
     assert set(overhead["times_us"]) == {"no_mode", "bare_mode", "mode"}
     for row in (tiny, overhead):
@@ -46,9 +46,10 @@ def test_quick_json_structure(quick_run, capsys):
     assert {"speedup_direct", "speedup_mode", "speedup_mode_front", "efficiency_direct",
             "efficiency_bound"} <= tiny["metrics"].keys()
     if floor:
-        # The ceiling is what the floor and the roofline allow: above any measured efficiency of ours.
+        # Two estimates from the floors and the roofline; the checks read the higher one.
         m = tiny["metrics"]
-        assert 0 < m["efficiency_bound"]
+        assert 0 < m["efficiency_bound_after_copy"] and 0 < m["efficiency_bound_hot"]
+        assert m["efficiency_bound"] == max(m["efficiency_bound_hot"], m["efficiency_bound_after_copy"])
         (mode_check,) = [c for c in tiny["checks"] if c["metric"] == "speedup_mode"]
         assert mode_check["ceiling"] == m["speedup_mode_ceiling"]
     assert "extra_us_vs_bare_mode" in overhead["metrics"]
@@ -102,7 +103,6 @@ def test_copy_in_shapes_follow_fsdp2():
 def test_copy_in_variants_match_stock_bitwise():
     # The suite's all_gather_copy_in path, on a small stand-in for the Llama block (which the suite
     # itself checks at full size on every run).
-    from npu_dispatch.bench import suite
 
     g = torch.Generator().manual_seed(0)
     sizes = [48, 16, 64]
@@ -124,3 +124,29 @@ def test_pair_floor_touches_every_pair_and_copies_nothing():
     assert [t._version for t in d] == [1, 1] and all(t.count_nonzero() == 0 for t in d)
     with pytest.raises(TypeError):
         touch(d, s[:1])
+
+
+def test_copy_floor_is_the_faster_flat_copy_then_the_pairs_less_the_call():
+    med = {"copy_floor": 12.0, "direct_copy_floor": 10.0, "call_floor": 0.5}
+    assert suite.copy_floor(med) == 9.5
+    assert suite.copy_floor({"roofline": 3.0}) is None
+
+
+def test_copy_floor_variants_copy_then_touch_every_pair():
+    if not npu_dispatch._native.available():
+        pytest.skip(f"native library not built: {npu_dispatch._native.status()[1]}")
+    args = workloads.ForeachArgs([torch.zeros(3), torch.zeros(5)], [torch.ones(3), torch.ones(5)])
+    by = {v.name: v for v in suite.variants(args)}
+    for name in ("copy_floor", "direct_copy_floor"):
+        by[name].run_once()
+    # Each statement moved the flat buffers' bytes and bumped every listed destination once.
+    assert [t._version for t in args.dsts] == [2, 2] and all(t.count_nonzero() == 0 for t in args.dsts)
+    flat = by["copy_floor"].globals["flat_dst"]
+    assert torch.equal(flat, by["copy_floor"].globals["flat_src"])
+
+
+def test_bound_column_shows_both_estimates():
+    from npu_dispatch.bench import report
+
+    assert report._bounds({"efficiency_bound_hot": 0.77, "efficiency_bound_after_copy": 0.7}) == "0.77 / 0.70"
+    assert report._bounds({}) == "-"

@@ -266,8 +266,8 @@ def test_direct_lane_steps_aside_for_a_mode():
 
 
 def test_large_copies_from_two_threads():
-    # Above 512 KB the lane drops the GIL during the copy: both threads must get their own bytes.
-    n = 300_000
+    # Above 2 MB the lane drops the GIL during the copy: both threads must get their own bytes.
+    n = 400_000
     jobs = [([torch.zeros(n) for _ in range(2)], [torch.full((n,), float(k + i)) for i in range(2)]) for k in range(2)]
     errors = []
 
@@ -400,7 +400,7 @@ def test_touch_pairs_refuses_tensors_without_storage():
 
 
 def test_lists_emptied_by_another_thread_during_the_copy():
-    # Above 512 KB the copy runs without the GIL; another thread empties the lists meanwhile. The
+    # Above 2 MB the copy runs without the GIL; another thread empties the lists meanwhile. The
     # call must keep its tensors alive until it has bumped their versions: tensors made right
     # after they die must start at version 0.
     for _ in range(3):
@@ -430,7 +430,8 @@ def test_lists_emptied_by_another_thread_during_the_copy():
         assert fresh and all(x._version == 0 for x in fresh)
 
 
-LARGE = 200_000  # elements per pair: past the parallel threshold, the GIL release and FBGEMM chunks
+LARGE = 400_000  # elements per pair: past the parallel threshold, the GIL release (2 MB, 16-bit
+# destinations too) and FBGEMM chunks
 
 
 @pytest.mark.parametrize("sdt, ddt", [(f32, bf16), (bf16, f32), (f32, f16), (f16, f32), (f32, f32), (bf16, bf16)])
@@ -525,3 +526,27 @@ def test_a_destination_sharing_memory_with_its_source_by_copy_on_write_matches_s
         entry(d1, s1)
         assert all(torch.equal(x, y) for x, y in zip(d0, d1)) and torch.equal(a1, a0), entry.__name__
         assert [t._version for t in d1] == [t._version for t in d0]
+
+
+@pytest.mark.parametrize("pairs, numel", [(3, 50_000), (257, 700), (1000, 0), (64, 1)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_every_destination_bumped_once_as_stock(pairs, numel, threads):
+    # The copy's threads share the bumps (csrc/cpu_copy_kernel.cpp): each destination of the list,
+    # empty ones included, moves once, whichever thread copied it, as stock's.
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        sizes = [numel + (k % 5 if numel else 0) for k in range(pairs)]
+        if numel == 0:
+            sizes[::7] = [3] * len(sizes[::7])  # a few non-empty pairs among the empties
+        mine, ref = ([torch.zeros(n) for n in sizes] for _ in range(2))
+        srcs = [torch.randn(n) for n in sizes]
+        before = lane_calls()
+        nd.foreach_copy_(mine, srcs)
+        torch._foreach_copy_(ref, srcs)
+        assert lane_calls() == before + 1
+        assert [t._version for t in mine] == [t._version for t in ref] == [1] * pairs
+        assert all(torch.equal(a, b) for a, b in zip(mine, ref))
+    finally:
+        torch.set_num_threads(old)
+

@@ -64,9 +64,12 @@ def variants(args) -> list[timing.Variant]:
     contiguous buffers), and for foreach lists with the native library: ``pair_floor``, only the
     per-pair work any exact foreach copy repeats beyond the bytes (read every tensor's address and
     size, bump every destination's version counter; ``touch_pairs`` in csrc/python_entry.cpp),
-    ``call_floor``, the same call on empty lists (its fixed cost, taken off the floor), and
-    ``flat_direct``, this library's kernel on the roofline's two flat buffers; for foreach lists
-    also ``mode_front``, the stock call under ``NpuFastCopyMode(front=True)``.
+    ``call_floor``, the same call on empty lists (its fixed cost, taken off the floors),
+    ``flat_direct``, this library's kernel on the roofline's two flat buffers, and
+    ``copy_floor`` / ``direct_copy_floor``, the roofline / flat_direct copy followed by the pair
+    touches in one timed statement (the touches then meet the metadata as a real call does, after
+    a copy has moved the bytes through the caches); for foreach lists also ``mode_front``, the
+    stock call under ``NpuFastCopyMode(front=True)``.
     ``DispatchArgs``: ``no_mode``, ``bare_mode`` (:class:`PassThroughMode`), ``mode``.
     """
     V = timing.Variant
@@ -94,7 +97,11 @@ def variants(args) -> list[timing.Variant]:
             g.update(touch_pairs=module.touch_pairs, no_tensors=[])
             bounds += [V("pair_floor", "touch_pairs(dsts, srcs)", g),
                       V("call_floor", "touch_pairs(no_tensors, no_tensors)", g),
-                      V("flat_direct", "foreach_copy_([flat_dst], [flat_src])", g)]
+                      V("flat_direct", "foreach_copy_([flat_dst], [flat_src])", g),
+                      # The pair touches right after the bytes moved, as in a real call: the
+                      # copy has pushed the tensors' metadata out of the nearer caches.
+                      V("copy_floor", "flat_dst.copy_(flat_src); touch_pairs(dsts, srcs)", g),
+                      V("direct_copy_floor", "foreach_copy_([flat_dst], [flat_src]); touch_pairs(dsts, srcs)", g)]
     else:
         g.update(
             inputs=args.inputs, output=args.output, split_sizes=args.split_sizes, numel=args.numel,
@@ -147,6 +154,14 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
+def copy_floor(med: dict) -> float | None:
+    """The floor of an exact foreach copy of one workload (us): the faster of ``copy_floor`` and
+    ``direct_copy_floor`` less ``call_floor``; None without the native library's variants."""
+    if "copy_floor" not in med:
+        return None
+    return min(med["copy_floor"], med["direct_copy_floor"]) - med["call_floor"]
+
+
 def run_workload(w: Workload, cfg: Config, log: Callable[[str], None] = lambda s: None) -> dict:
     """Check and time one workload; returns its JSON row (times in microseconds)."""
     log(f"{w.name}: building")
@@ -190,15 +205,24 @@ def run_workload(w: Workload, cfg: Config, log: Callable[[str], None] = lambda s
             "speedup_mode_floor": _ratio(med["stock"], med["bare_mode"]),
             # No dispatch mode that handles the op can beat this: it costs only the delivery.
             "speedup_mode_ceiling": _ratio(med["stock"], med["null_mode"]) if "null_mode" in med else None,
-            # An estimate of the best efficiency an exact foreach copy of these lists reaches here:
-            # the fastest flat copy of the bytes measured, plus the per-pair work, no fixed cost.
-            "efficiency_bound": (
+            # Two estimates of the best efficiency an exact foreach copy of these lists reaches
+            # here, from the fastest flat copy of the bytes measured plus the per-pair work
+            # (its fixed call cost taken off): that work timed alone, its metadata hot in cache
+            # (optimistic), and timed right after the copy in one statement, as a real call
+            # meets it. Neither is a proof: a copy that spreads the per-pair work over threads,
+            # or that leaves the metadata in cache, can beat both.
+            "efficiency_bound_hot": (
                 _ratio(med["roofline"], min(med["roofline"], med["flat_direct"])
                        + max(med["pair_floor"] - med["call_floor"], 0.0))
                 if "pair_floor" in med else None),
+            "efficiency_bound_after_copy": _ratio(med["roofline"], copy_floor(med)),
         }
-    # What no implementation can beat: a dispatch mode pays at least the delivery of the op to
-    # Python (null mode), a foreach copy at least the roofline plus the per-pair floor.
+        # The verdicts use the more optimistic estimate: a miss is called beyond reach only when
+        # even that one says so.
+        known = [b for b in (metrics["efficiency_bound_hot"], metrics["efficiency_bound_after_copy"]) if b]
+        metrics["efficiency_bound"] = max(known) if known else None
+    # The estimates the checks are read against: a dispatch mode pays at least the delivery of the
+    # op to Python (null mode, a measured lower bound); a foreach copy, efficiency_bound above.
     ceilings = {"speedup_mode": metrics.get("speedup_mode_ceiling"),
                 "efficiency_direct": metrics.get("efficiency_bound")}
     row["metrics"] = metrics

@@ -1,0 +1,50 @@
+"""A destination without a version counter: an inference tensor given another tensor's `.data`.
+
+Its key set looks plain and ``is_inference()`` is False, yet stock's version bump raises at that
+pair outside inference mode (after writing it, and before any later pair). Checked against stock
+through every entry, with and without the native library.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from cases import direct_copy, mode_copy, op_copy, storage_bytes
+
+ENTRIES = [direct_copy, op_copy, mode_copy]
+
+
+def _no_version_counter(n: int) -> torch.Tensor:
+    with torch.inference_mode():
+        t = torch.zeros(n)
+    t.data = torch.zeros(n)  # plain CPU keys, is_inference() False, and still no version counter
+    return t
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("context", [contextlib.nullcontext, torch.no_grad, torch.inference_mode],
+                         ids=["grad", "no_grad", "inference_mode"])
+@pytest.mark.parametrize("pos", [0, 3])
+@pytest.mark.parametrize("numel", [10, 300_000])
+def test_destination_without_version_counter_as_stock(entry, context, pos, numel):
+    # Stock's bump raises at that pair outside inference mode, after writing it and none after it;
+    # inside, it copies everything. The lane refuses such a destination (its keys look plain).
+    def call(fn):
+        torch.manual_seed(pos)
+        d = [torch.zeros(numel) for _ in range(4)]
+        d[pos] = _no_version_counter(numel)
+        s = [torch.randn(numel) for _ in range(4)]
+        err = None
+        with context():
+            try:
+                fn(d, s)
+            except RuntimeError as e:
+                err = str(e)
+        return err, [None if i == pos else t._version for i, t in enumerate(d)], [storage_bytes(t) for t in d]
+
+    want, got = call(torch._foreach_copy_), call(entry)
+    assert got[0] == want[0] and got[1] == want[1]
+    assert all(torch.equal(a, b) for a, b in zip(got[2], want[2]))
+    assert (want[0] is None) == (context is torch.inference_mode)
