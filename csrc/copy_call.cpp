@@ -54,12 +54,13 @@ std::vector<int64_t> plan_and_run(at::TensorList dsts, at::TensorList srcs, bool
       counts = execute(build_plan(dsts, srcs, *caps), dsts, srcs, non_blocking, strict, bump, &self_bumped);
     }
   }
-  // Inference tensors have no version counter; torch.autograd.graph.increment_version skips
-  // them the same way. Other tensors move even inside inference_mode, as with stock.
+  // A destination without a version counter (execute.h) moves nothing, inside inference_mode
+  // (outside it the plan was stock's loop, which raised). Others move even inside
+  // inference_mode, as with stock.
   if (bump && (counts[0] & kExecuted) && !(counts[0] & kBumped)) {
     for (size_t i = 0; i < dsts.size(); ++i) {
       const auto& t = dsts[i];
-      if (!t.is_inference() && (self_bumped.empty() || !self_bumped[i])) t.unsafeGetTensorImpl()->bump_version();
+      if (has_version_counter(t) && (self_bumped.empty() || !self_bumped[i])) t.unsafeGetTensorImpl()->bump_version();
     }
   }
   return counts;

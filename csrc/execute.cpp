@@ -33,7 +33,7 @@ void add(std::vector<int64_t>& v, Path p, int64_t tensors, int64_t bytes, int64_
 // with a counter tells which route ran: it moved or it did not.
 const at::Tensor* probe(at::TensorList dsts) {
   for (const auto& d : dsts) {
-    if (!d.is_inference()) return &d;
+    if (has_version_counter(d)) return &d;
   }
   return nullptr;
 }
@@ -61,8 +61,8 @@ class Executor {
         d.copy_(srcs_[i], non_blocking_);
         // Stock's version bump raises this, after the write; the executor runs below it. Where
         // stock bumps nothing (below ADInplaceOrView), it raises nothing either.
-        TORCH_CHECK(!(bump && outside_inference && d.is_inference()), kInferenceWriteError);
-        if (bump && !d.is_inference()) d.unsafeGetTensorImpl()->bump_version();
+        TORCH_CHECK(!(bump && outside_inference && !has_version_counter(d)), kInferenceWriteError);
+        if (bump && has_version_counter(d)) d.unsafeGetTensorImpl()->bump_version();
       }
     } else {
       const at::Tensor* t = probe(dsts_);
@@ -70,7 +70,7 @@ class Executor {
       at::_foreach_copy_(dsts_, srcs_, non_blocking_);
       if (bump && version(t) == before) {
         for (const auto& d : dsts_) {
-          if (!d.is_inference()) d.unsafeGetTensorImpl()->bump_version();
+          if (has_version_counter(d)) d.unsafeGetTensorImpl()->bump_version();
         }
       }
     }

@@ -23,6 +23,13 @@ constexpr int kCountsLen = 1 + 3 * kNumPaths + kNumKinds;
 inline int path_slot(Path p, int field) { return 1 + 3 * p + field; }
 inline int reason_slot(Kind k) { return 1 + 3 * kNumPaths + static_cast<int>(k); }
 
+// Whether stock's bump moves this tensor's version counter: false for an inference tensor and
+// for one given an inference tensor's storage through `.data` after it was made in inference
+// mode; true for a normal tensor given an inference tensor's `.data` (is_inference() true).
+inline bool has_version_counter(const at::Tensor& t) {
+  return t.unsafeGetTensorImpl()->version_counter().enabled();
+}
+
 // ``bump``: a whole-stock plan bumps each destination's version counter as stock does (the
 // caller bumps the others once the call has succeeded, except those marked in ``self_bumped``
 // (resized to the list): a device's fused kernel bumped them already, as it does under stock).

@@ -59,15 +59,16 @@ INFERENCE_WRITE_ERROR = (
 
 
 def _inference_text(i: int) -> str:
-    return (f"dst[{i}] has no version counter (an inference tensor) outside inference_mode: "
-            "stock raises there, after writing it")
+    return (f"dst[{i}] has no version counter (an inference tensor, or one that took an inference "
+            "tensor's place through .data) outside inference_mode: stock raises there, after "
+            "writing it")
 
 
 def _no_version_counter(t: torch.Tensor) -> bool:
-    """An inference tensor, or one given another tensor's ``.data`` after it was made in
-    inference_mode (plain keys, ``is_inference()`` False, still no counter)."""
-    if t.is_inference():
-        return True
+    """Whether stock's version bump finds no counter on ``t`` (and raises outside inference_mode):
+    an inference tensor, or one made in inference_mode and given another tensor's ``.data``
+    (plain keys, ``is_inference()`` False). A normal tensor given an inference tensor's
+    ``.data`` keeps its counter (``is_inference()`` True)."""
     try:
         t._version
     except RuntimeError:

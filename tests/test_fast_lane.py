@@ -531,8 +531,8 @@ def test_a_destination_sharing_memory_with_its_source_by_copy_on_write_matches_s
 @pytest.mark.parametrize("pairs, numel", [(3, 50_000), (257, 700), (1000, 0), (64, 1)])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_every_destination_bumped_once_as_stock(pairs, numel, threads):
-    # The copy's threads share the bumps (csrc/cpu_copy_kernel.cpp): each destination of the list,
-    # empty ones included, moves once, whichever thread copied it, as stock's.
+    # Each destination of the list, empty ones included, moves once, however the copy was split
+    # across threads, as stock's.
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

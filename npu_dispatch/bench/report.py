@@ -27,7 +27,7 @@ def _md(header: list[str], rows: list[list[str]]) -> str:
 def _verdict(row: dict) -> str:
     if "skipped" in row:
         return "SKIP"
-    failed = [c["target"] + ("" if c.get("reachable", True) else " [beyond the measured bound]")
+    failed = [c["target"] + ("" if c.get("reachable", True) else " [beyond the estimated bound]")
               for c in row["checks"] if not c["pass"]]
     if not all(row.get("bitwise_equal", {}).values()):
         failed.insert(0, "bitwise")
