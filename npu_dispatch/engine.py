@@ -110,6 +110,20 @@ def _self_bumping_copy(dsts, srcs, non_blocking: bool) -> bool:
     return probe is not None and probe._version != before
 
 
+_set_versions = getattr(torch._C._autograd, "_unsafe_set_version_counter", None)
+
+
+def _bump(tensors) -> None:
+    """One version bump per tensor, as stock's in-place op makes. ``increment_version`` skips
+    every ``is_inference()`` tensor, but a normal tensor given an inference tensor's ``.data``
+    is one and keeps its counter, which stock bumps."""
+    torch.autograd.graph.increment_version(tensors)
+    if _set_versions is not None:
+        for t in tensors:
+            if t.is_inference() and not _plan._no_version_counter(t):
+                _set_versions((t,), (t._version + 1,))
+
+
 def _stock(p: _plan.Plan, dsts, srcs, non_blocking: bool, bump: bool) -> None:
     """A whole-stock plan, bumping version counters as stock does (see plan.py)."""
     if p.stock_reason[0] in ("aliasing", "may_raise", "meta", "order_dependent", "whole_list_route"):
@@ -122,10 +136,10 @@ def _stock(p: _plan.Plan, dsts, srcs, non_blocking: bool, bump: bool) -> None:
             if bump and outside_inference and _plan._no_version_counter(d):
                 raise RuntimeError(_plan.INFERENCE_WRITE_ERROR)
             if bump:
-                torch.autograd.graph.increment_version(d)
+                _bump((d,))
         return
     if not _self_bumping_copy(dsts, srcs, non_blocking) and bump:
-        torch.autograd.graph.increment_version(dsts)
+        _bump(dsts)
 
 
 def _execute(p: _plan.Plan, dsts, srcs, non_blocking: bool, bump: bool = False,
@@ -246,16 +260,14 @@ def foreach_copy(
         return False
     start = time.perf_counter()
     # Version counters: one bump per listed destination, as stock's in-place op makes, even inside
-    # inference_mode (inference tensors have no counter: increment_version skips them).
+    # inference_mode (inference tensors have no counter: _bump skips them).
     if planned is None or verify:
         counts, reasons, bumped = (
             _python_path(dsts, srcs, non_blocking, op, strict, verify, bump) if planned is None
             else _native_verify(planned, dsts, srcs, non_blocking, op, strict, bump)
         )
         if bump and bumped is not True:
-            torch.autograd.graph.increment_version(
-                [d for i, d in enumerate(dsts) if i not in bumped] if bumped else dsts
-            )
+            _bump([d for i, d in enumerate(dsts) if i not in bumped] if bumped else dsts)
     else:
         # One C++ call: plan, copies (below ADInplaceOrView) and the version bumps.
         with _inside():

@@ -64,12 +64,6 @@ def _inference_data(n: int) -> torch.Tensor:
 def test_inference_data_in_a_normal_tensor_is_bumped_as_stock(entry, context, numel):
     # Stock bumps such a destination like any other (its counter is there), in and out of
     # inference_mode, and raises nothing.
-    from npu_dispatch import _native
-
-    if not _native.available():
-        pytest.xfail("pure-Python path: torch.autograd.graph.increment_version skips every "
-                     "is_inference() tensor, so this destination is not bumped (known gap)")
-
     def call(fn):
         torch.manual_seed(1)
         d = [torch.zeros(numel), _inference_data(numel), torch.zeros(numel)]
