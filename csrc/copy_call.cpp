@@ -54,13 +54,16 @@ std::vector<int64_t> plan_and_run(at::TensorList dsts, at::TensorList srcs, bool
       counts = execute(build_plan(dsts, srcs, *caps), dsts, srcs, non_blocking, strict, bump, &self_bumped);
     }
   }
-  // A destination without a version counter (execute.h) moves nothing, inside inference_mode
-  // (outside it the plan was stock's loop, which raised). Others move even inside
-  // inference_mode, as with stock.
+  // As stock: a destination without a version counter (execute.h) moves nothing inside
+  // inference_mode (outside it the plan was stock's loop, which raised); others move even inside
+  // inference_mode, unless both tensors of the pair are inference-keyed (stock_bumps_pair).
   if (bump && (counts[0] & kExecuted) && !(counts[0] & kBumped)) {
+    const bool in_inference = c10::InferenceMode::is_enabled();
     for (size_t i = 0; i < dsts.size(); ++i) {
       const auto& t = dsts[i];
-      if (has_version_counter(t) && (self_bumped.empty() || !self_bumped[i])) t.unsafeGetTensorImpl()->bump_version();
+      if (stock_bumps_pair(t, srcs[i], in_inference) && (self_bumped.empty() || !self_bumped[i])) {
+        t.unsafeGetTensorImpl()->bump_version();
+      }
     }
   }
   return counts;

@@ -62,15 +62,16 @@ class Executor {
         // Stock's version bump raises this, after the write; the executor runs below it. Where
         // stock bumps nothing (below ADInplaceOrView), it raises nothing either.
         TORCH_CHECK(!(bump && outside_inference && !has_version_counter(d)), kInferenceWriteError);
-        if (bump && has_version_counter(d)) d.unsafeGetTensorImpl()->bump_version();
+        if (bump && stock_bumps_pair(d, srcs_[i], !outside_inference)) d.unsafeGetTensorImpl()->bump_version();
       }
     } else {
       const at::Tensor* t = probe(dsts_);
       const int64_t before = version(t);
       at::_foreach_copy_(dsts_, srcs_, non_blocking_);
       if (bump && version(t) == before) {
-        for (const auto& d : dsts_) {
-          if (has_version_counter(d)) d.unsafeGetTensorImpl()->bump_version();
+        const bool in_inference = c10::InferenceMode::is_enabled();
+        for (size_t i = 0; i < dsts_.size(); ++i) {
+          if (stock_bumps_pair(dsts_[i], srcs_[i], in_inference)) dsts_[i].unsafeGetTensorImpl()->bump_version();
         }
       }
     }

@@ -23,11 +23,18 @@ constexpr int kCountsLen = 1 + 3 * kNumPaths + kNumKinds;
 inline int path_slot(Path p, int field) { return 1 + 3 * p + field; }
 inline int reason_slot(Kind k) { return 1 + 3 * kNumPaths + static_cast<int>(k); }
 
-// Whether stock's bump moves this tensor's version counter: false for an inference tensor and
-// for one given an inference tensor's storage through `.data` after it was made in inference
-// mode; true for a normal tensor given an inference tensor's `.data` (is_inference() true).
+// Whether the tensor has a version counter: false for an inference tensor and for one made in
+// inference mode and given a normal tensor's `.data` (plain keys); true for a normal tensor given
+// an inference tensor's `.data` (is_inference() true).
 inline bool has_version_counter(const at::Tensor& t) {
   return t.unsafeGetTensorImpl()->version_counter().enabled();
+}
+
+// Whether stock's copy of the pair moves dst's version counter (when bumps apply at all). Inside
+// inference mode stock bumps a pair only when one of its tensors is not inference-keyed, so a
+// destination with a counter but inference keys stays put with an inference source.
+inline bool stock_bumps_pair(const at::Tensor& dst, const at::Tensor& src, bool in_inference) {
+  return has_version_counter(dst) && (!in_inference || !dst.is_inference() || !src.is_inference());
 }
 
 // ``bump``: a whole-stock plan bumps each destination's version counter as stock does (the

@@ -113,15 +113,20 @@ def _self_bumping_copy(dsts, srcs, non_blocking: bool) -> bool:
 _set_versions = getattr(torch._C._autograd, "_unsafe_set_version_counter", None)
 
 
-def _bump(tensors) -> None:
-    """One version bump per tensor, as stock's in-place op makes. ``increment_version`` skips
-    every ``is_inference()`` tensor, but a normal tensor given an inference tensor's ``.data``
-    is one and keeps its counter, which stock bumps."""
-    torch.autograd.graph.increment_version(tensors)
+def _bump(dsts, srcs) -> None:
+    """One version bump per destination, as stock's in-place copy makes. ``increment_version``
+    skips every ``is_inference()`` tensor, but a normal tensor given an inference tensor's
+    ``.data`` is one and keeps its counter, which stock bumps, except inside inference_mode when
+    the pair's source is inference-keyed too (csrc/execute.h stock_bumps_pair)."""
+    torch.autograd.graph.increment_version(dsts)
     if _set_versions is not None:
-        for t in tensors:
-            if t.is_inference() and not _plan._no_version_counter(t):
-                _set_versions((t,), (t._version + 1,))
+        in_inference = None
+        for d, s in zip(dsts, srcs):
+            if d.is_inference() and not _plan._no_version_counter(d):
+                if in_inference is None:
+                    in_inference = torch.is_inference_mode_enabled()
+                if not (in_inference and s.is_inference()):
+                    _set_versions((d,), (d._version + 1,))
 
 
 def _stock(p: _plan.Plan, dsts, srcs, non_blocking: bool, bump: bool) -> None:
@@ -136,10 +141,10 @@ def _stock(p: _plan.Plan, dsts, srcs, non_blocking: bool, bump: bool) -> None:
             if bump and outside_inference and _plan._no_version_counter(d):
                 raise RuntimeError(_plan.INFERENCE_WRITE_ERROR)
             if bump:
-                _bump((d,))
+                _bump((d,), (s,))
         return
     if not _self_bumping_copy(dsts, srcs, non_blocking) and bump:
-        _bump(dsts)
+        _bump(dsts, srcs)
 
 
 def _execute(p: _plan.Plan, dsts, srcs, non_blocking: bool, bump: bool = False,
@@ -267,7 +272,8 @@ def foreach_copy(
             else _native_verify(planned, dsts, srcs, non_blocking, op, strict, bump)
         )
         if bump and bumped is not True:
-            _bump([d for i, d in enumerate(dsts) if i not in bumped] if bumped else dsts)
+            keep = [i for i in range(len(dsts)) if i not in bumped] if bumped else range(len(dsts))
+            _bump([dsts[i] for i in keep], [srcs[i] for i in keep])
     else:
         # One C++ call: plan, copies (below ADInplaceOrView) and the version bumps.
         with _inside():

@@ -57,23 +57,35 @@ def _inference_data(n: int) -> torch.Tensor:
     return t
 
 
+def _inference_source(n: int) -> torch.Tensor:
+    with torch.inference_mode():
+        return torch.randn(n)
+
+
 @pytest.mark.parametrize("entry", ENTRIES, ids=lambda f: f.__name__)
 @pytest.mark.parametrize("context", [contextlib.nullcontext, torch.no_grad, torch.inference_mode],
                          ids=["grad", "no_grad", "inference_mode"])
 @pytest.mark.parametrize("numel", [10, 300_000])
-def test_inference_data_in_a_normal_tensor_is_bumped_as_stock(entry, context, numel):
-    # Stock bumps such a destination like any other (its counter is there), in and out of
-    # inference_mode, and raises nothing.
+@pytest.mark.parametrize("source", ["normal", "inference"])
+@pytest.mark.parametrize("twice", [False, True], ids=["once", "twice"])
+def test_inference_data_in_a_normal_tensor_is_bumped_as_stock(entry, context, numel, source, twice):
+    # Stock bumps such a destination like any other (its counter is there) and raises nothing,
+    # except inside inference_mode with an inference source: no tensor of that pair carries the
+    # ADInplaceOrView key then. Listed twice (stock's loop), the bumps must add up.
     def call(fn):
         torch.manual_seed(1)
-        d = [torch.zeros(numel), _inference_data(numel), torch.zeros(numel)]
-        s = [torch.randn(numel) for _ in range(3)]
+        b = _inference_data(numel)
+        make = torch.randn if source == "normal" else _inference_source
+        d = [torch.zeros(numel), b, torch.zeros(numel)] + ([b] if twice else [])
+        s = [torch.randn(numel), make(numel), torch.randn(numel)] + ([make(numel)] if twice else [])
         with context():
             fn(d, s)
         return [t._version for t in d], [storage_bytes(t) for t in d]
 
     want, got = call(torch._foreach_copy_), call(entry)
-    assert got[0] == want[0] == [1, 1, 1]
+    assert got[0] == want[0]
+    moved = 0 if source == "inference" and context is torch.inference_mode else (2 if twice else 1)
+    assert want[0] == [1, moved, 1] + ([moved] if twice else [])
     assert all(torch.equal(a, b) for a, b in zip(got[1], want[1]))
 
 
