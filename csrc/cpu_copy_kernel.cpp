@@ -202,19 +202,8 @@ bool CpuCopyBatch::route(at::ScalarType src, at::ScalarType dst, CopyOp* op, boo
   return true;
 }
 
-void CpuCopyBatch::add_contiguous(char* dst, const char* src, int64_t numel, size_t dst_itemsize,
-                                  CopyOp op, bool extend) {
-  const int64_t n = op == CopyOp::Memcpy ? numel * static_cast<int64_t>(dst_itemsize) : numel;
-  if (op == CopyOp::F16ToF32 && config_->ops[static_cast<int>(op)].fbgemm_split) {
-    add_fbgemm_chunks(&items_, dst, src, numel);
-    return;
-  }
-  if (extend) {
-    items_.back().n += n;
-    items_.back().exact_len += n;
-    return;
-  }
-  items_.push_back({dst, src, n, n, op});
+void CpuCopyBatch::add_fbgemm_f16_to_f32(char* dst, const char* src, int64_t numel) {
+  add_fbgemm_chunks(&items_, dst, src, numel);
 }
 
 bool CpuCopyBatch::add_run(at::TensorList dsts, at::TensorList srcs, const int64_t* members,

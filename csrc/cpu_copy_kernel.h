@@ -35,13 +35,10 @@ class CpuCopyBatch {
   // The fast lane's steps (fast_lane.cpp). route: the op for a dtype pair, false where this
   // kernel does not reproduce stock's bits; `mergeable` when adjacent pairs may share one item.
   bool route(at::ScalarType src, at::ScalarType dst, CopyOp* op, bool* mergeable) const;
-  // One contiguous pair of `numel` (> 0) elements of `dst_itemsize` bytes; with `extend` it
-  // continues the last item (adjacent in memory, same op, route said mergeable).
-  void add_contiguous(char* dst, const char* src, int64_t numel, size_t dst_itemsize, CopyOp op,
-                      bool extend);
-  // add_contiguous for an op that route() called mergeable (no FBGEMM chunks), inline: the lane
-  // adds one item per separately allocated pair. `n` as WorkItem::n.
-  void add_mergeable(char* dst, const char* src, int64_t n, CopyOp op, bool extend) {
+  // One contiguous pair of a dtype pair route() called mergeable, inline (the lane adds one per
+  // separately allocated pair): `n` as WorkItem::n; with `extend` it continues the last item
+  // (adjacent in memory, same op).
+  void add_contiguous(char* dst, const char* src, int64_t n, CopyOp op, bool extend) {
     if (extend) {
       items_.back().n += n;
       items_.back().exact_len += n;
@@ -49,6 +46,9 @@ class CpuCopyBatch {
       items_.push_back({dst, src, n, n, op});
     }
   }
+  // One contiguous fp16 -> fp32 pair of `numel` (> 0) elements where route() said not mergeable
+  // (FBGEMM's split): its own chunks, as stock copies it.
+  void add_fbgemm_f16_to_f32(char* dst, const char* src, int64_t numel);
   void reserve(size_t n) { items_.reserve(n); }
   void run();
   bool empty() const { return items_.empty(); }

@@ -23,13 +23,6 @@ constexpr int kCountsLen = 1 + 3 * kNumPaths + kNumKinds;
 inline int path_slot(Path p, int field) { return 1 + 3 * p + field; }
 inline int reason_slot(Kind k) { return 1 + 3 * kNumPaths + static_cast<int>(k); }
 
-// Whether the tensor has a version counter: false for an inference tensor and for one made in
-// inference mode and given a normal tensor's `.data` (plain keys); true for a normal tensor given
-// an inference tensor's `.data` (is_inference() true).
-inline bool has_version_counter(const at::Tensor& t) {
-  return t.unsafeGetTensorImpl()->version_counter().enabled();
-}
-
 // Whether stock's copy of the pair moves dst's version counter (when bumps apply at all). Inside
 // inference mode stock bumps a pair only when one of its tensors is not inference-keyed, so a
 // destination with a counter but inference keys stays put with an inference source.

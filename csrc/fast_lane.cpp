@@ -124,28 +124,23 @@ bool FastLane::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* src
                           du == dst_spans_.back().end && su == src_spans_.back().end;
     // A Memcpy item counts bytes (WorkItem::n).
     const int64_t item_n = op == CopyOp::Memcpy ? dbytes : numel;
+    // plan.cpp coalesces only inside one storage; two storages side by side are its call.
+    if (adjacent && (dst_storage.unsafeGetStorageImpl() != run_dst_storage ||
+                     src_storage.unsafeGetStorageImpl() != run_src_storage)) {
+      return false;
+    }
+    if (mergeable) {
+      batch_.add_contiguous(dptr, sptr, item_n, op, adjacent);
+    } else {
+      batch_.add_fbgemm_f16_to_f32(dptr, sptr, numel);
+    }
     if (adjacent) {
-      // plan.cpp coalesces only inside one storage; two storages side by side are its call.
-      if (dst_storage.unsafeGetStorageImpl() != run_dst_storage ||
-          src_storage.unsafeGetStorageImpl() != run_src_storage) {
-        return false;
-      }
-      if (mergeable) {
-        batch_.add_mergeable(dptr, sptr, item_n, op, true);
-      } else {
-        batch_.add_contiguous(dptr, sptr, numel, ditem, op, false);
-      }
       dst_spans_.back().end += dbytes;
       src_spans_.back().end += sbytes;
       ++run_len_;
       run_bytes_ += dbytes;
     } else {
       close_run();
-      if (mergeable) {
-        batch_.add_mergeable(dptr, sptr, item_n, op, false);
-      } else {
-        batch_.add_contiguous(dptr, sptr, numel, ditem, op, false);
-      }
       dst_spans_.push_back({du, du + dbytes});
       src_spans_.push_back({su, su + sbytes});
       run_len_ = 1;

@@ -168,7 +168,7 @@ class Planner {
       }
       // An inference tensor, or one given a new `.data` after being made in inference mode
       // (plain keys, no version counter): stock's bump raises at that pair, after its write.
-      if (!d.unsafeGetTensorImpl()->version_counter().enabled() && !c10::InferenceMode::is_enabled()) {
+      if (!has_version_counter(d) && !c10::InferenceMode::is_enabled()) {
         return stock(Kind::MayRaise, i, 3);
       }
       Kind reason = Kind::None;

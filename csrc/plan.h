@@ -71,6 +71,13 @@ std::vector<int64_t> encode_plan(const Plan& p);
 
 void check_lists(at::TensorList dsts, at::TensorList srcs);
 
+// Whether the tensor has a version counter (plan.py _no_version_counter): false for an inference
+// tensor and for one made in inference mode and given a normal tensor's `.data` (plain keys); true
+// for a normal tensor given an inference tensor's `.data` (is_inference() true).
+inline bool has_version_counter(const at::Tensor& t) {
+  return t.unsafeGetTensorImpl()->version_counter().enabled();
+}
+
 // plan.py lazy_bit_dst: index of the first destination with a lazy conjugate or negative bit
 // (stock's dispatcher refuses such a mutable list before its kernel checks it), or -1.
 int64_t lazy_bit_dst(at::TensorList dsts);

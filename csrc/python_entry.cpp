@@ -127,17 +127,10 @@ bool plain_context(bool from_mode) {
 
 // An exact list or tuple (FSDP2 passes torch.split's tuples): its items and length, no copy.
 bool seq_items(PyObject* seq, PyObject*** items, Py_ssize_t* n) {
-  if (PyList_CheckExact(seq)) {
-    *items = PySequence_Fast_ITEMS(seq);
-    *n = PyList_GET_SIZE(seq);
-    return true;
-  }
-  if (PyTuple_CheckExact(seq)) {
-    *items = PySequence_Fast_ITEMS(seq);
-    *n = PyTuple_GET_SIZE(seq);
-    return true;
-  }
-  return false;
+  if (!PyList_CheckExact(seq) && !PyTuple_CheckExact(seq)) return false;
+  *items = PySequence_Fast_ITEMS(seq);
+  *n = PySequence_Fast_GET_SIZE(seq);
+  return true;
 }
 
 bool unpack_impls(PyObject* list, c10::TensorImpl** out) {

@@ -272,8 +272,11 @@ def foreach_copy(
             else _native_verify(planned, dsts, srcs, non_blocking, op, strict, bump)
         )
         if bump and bumped is not True:
-            keep = [i for i in range(len(dsts)) if i not in bumped] if bumped else range(len(dsts))
-            _bump([dsts[i] for i in keep], [srcs[i] for i in keep])
+            if bumped:
+                keep = [i for i in range(len(dsts)) if i not in bumped]
+                _bump([dsts[i] for i in keep], [srcs[i] for i in keep])
+            else:
+                _bump(dsts, srcs)
     else:
         # One C++ call: plan, copies (below ADInplaceOrView) and the version bumps.
         with _inside():
