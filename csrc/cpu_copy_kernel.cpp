@@ -99,11 +99,13 @@ bool op_for(at::ScalarType s, at::ScalarType d, CopyOp* op) {
 // converts blocks of 8 in hardware and the rest with a scalar routine that turns every NaN into
 // 0x7fffffff; above GRAIN_SIZE elements it runs once per at::parallel_for chunk, so the scalar
 // tails sit at the end of each chunk. Reproduce exactly those chunks.
-void add_fbgemm_chunks(std::vector<WorkItem>* items, char* dst, const char* src, int64_t n) {
+// `threads`: the threads stock's copy_ would split over, read on the calling thread (a lane's
+// checks may run on a worker thread).
+void add_fbgemm_chunks(std::vector<WorkItem>* items, char* dst, const char* src, int64_t n, int64_t threads) {
   const int64_t grain = at::internal::GRAIN_SIZE;
   int64_t chunks = 1;
-  if (n > grain && !at::in_parallel_region() && at::get_num_threads() > 1) {
-    chunks = std::min<int64_t>(at::get_num_threads(), (n + grain - 1) / grain);
+  if (n > grain && threads > 1) {
+    chunks = std::min<int64_t>(threads, (n + grain - 1) / grain);
   }
   const int64_t chunk = (n + chunks - 1) / chunks;
   for (int64_t b = 0; b < n; b += chunk) {
@@ -163,7 +165,11 @@ void copy_range(const WorkItem& it, const Config& cfg, int64_t lo, int64_t hi) {
 
 }  // namespace
 
-CpuCopyBatch::CpuCopyBatch() : config_(published_config()) {}
+int64_t CpuCopyBatch::caller_threads() {
+  return at::in_parallel_region() ? 1 : at::get_num_threads();
+}
+
+CpuCopyBatch::CpuCopyBatch() : config_(published_config()), split_threads_(caller_threads()) {}
 
 bool CpuCopyBatch::add_pair(const at::Tensor& dst, const at::Tensor& src) {
   CopyOp op;
@@ -181,7 +187,7 @@ bool CpuCopyBatch::add_pair(const at::Tensor& dst, const at::Tensor& src) {
   if (cfg.fbgemm_split) {
     if (!fbgemm_layout(dst, src)) return false;
     if (op == CopyOp::F16ToF32) {
-      add_fbgemm_chunks(&items_, d, s, n);
+      add_fbgemm_chunks(&items_, d, s, n, split_threads_);
       return true;
     }
   }
@@ -203,7 +209,7 @@ bool CpuCopyBatch::route(at::ScalarType src, at::ScalarType dst, CopyOp* op, boo
 }
 
 void CpuCopyBatch::add_fbgemm_f16_to_f32(char* dst, const char* src, int64_t numel) {
-  add_fbgemm_chunks(&items_, dst, src, numel);
+  add_fbgemm_chunks(&items_, dst, src, numel, split_threads_);
 }
 
 bool CpuCopyBatch::add_run(at::TensorList dsts, at::TensorList srcs, const int64_t* members,
@@ -219,7 +225,7 @@ bool CpuCopyBatch::add_run(at::TensorList dsts, at::TensorList srcs, const int64
     for (int64_t k = 0; k < count; ++k) {
       add_fbgemm_chunks(&items_, static_cast<char*>(dsts[members[k]].mutable_data_ptr()),
                         static_cast<const char*>(srcs[members[k]].const_data_ptr()),
-                        dsts[members[k]].numel());
+                        dsts[members[k]].numel(), split_threads_);
     }
     return true;
   }
@@ -230,33 +236,43 @@ bool CpuCopyBatch::add_run(at::TensorList dsts, at::TensorList srcs, const int64
   return true;
 }
 
-void CpuCopyBatch::run() {
-  if (items_.empty()) return;
-  const Config& cfg = *config_;
-  std::vector<int64_t> ends(items_.size());
+void CpuCopyBatch::finish() {
+  ends_.resize(items_.size());
   int64_t total = 0, moved = 0;
   for (size_t k = 0; k < items_.size(); ++k) {
     total += items_[k].n * dst_size(items_[k].op);
     moved += items_[k].n * src_size(items_[k].op);
-    ends[k] = total;
+    ends_[k] = total;
   }
-  moved += total;
-  auto body = [&](int64_t begin, int64_t end) {
-    size_t k = std::upper_bound(ends.begin(), ends.end(), begin) - ends.begin();
-    for (; k < items_.size(); ++k) {
-      const int64_t start = k == 0 ? 0 : ends[k - 1];
-      if (start >= end) break;
-      copy_range(items_[k], cfg, std::max(begin, start) - start, std::min(end, ends[k]) - start);
-    }
-  };
-  if (moved <= kParallelMovedBytes) {
-    body(0, total);
-  } else {
-    at::parallel_for(0, total, kGrainBytes, body);
+  total_ = total;
+  moved_ = moved + total;
+}
+
+void CpuCopyBatch::copy_bytes(int64_t begin, int64_t end) const {
+  const Config& cfg = *config_;
+  size_t k = std::upper_bound(ends_.begin(), ends_.end(), begin) - ends_.begin();
+  for (; k < items_.size(); ++k) {
+    const int64_t start = k == 0 ? 0 : ends_[k - 1];
+    if (start >= end) break;
+    copy_range(items_[k], cfg, std::max(begin, start) - start, std::min(end, ends_[k]) - start);
   }
+}
+
+void CpuCopyBatch::count_pass(int64_t items, int64_t bytes) {
   g_passes.fetch_add(1, std::memory_order_relaxed);
-  g_items.fetch_add(static_cast<int64_t>(items_.size()), std::memory_order_relaxed);
-  g_bytes.fetch_add(total, std::memory_order_relaxed);
+  g_items.fetch_add(items, std::memory_order_relaxed);
+  g_bytes.fetch_add(bytes, std::memory_order_relaxed);
+}
+
+void CpuCopyBatch::run() {
+  if (items_.empty()) return;
+  finish();
+  if (moved_ <= kParallelMovedBytes) {
+    copy_bytes(0, total_);
+  } else {
+    at::parallel_for(0, total_, kGrainBytes, [this](int64_t b, int64_t e) { copy_bytes(b, e); });
+  }
+  count_pass(static_cast<int64_t>(items_.size()), total_);
   items_.clear();
 }
 

@@ -24,8 +24,9 @@ struct KernelConfig;
 class CpuCopyBatch {
  public:
   // Uses the configuration the self-check published (none yet: only same-dtype byte copies).
+  // Constructed on the calling thread: FBGEMM's fp16 -> fp32 split follows its thread count.
   CpuCopyBatch();
-  explicit CpuCopyBatch(const KernelConfig* config) : config_(config) {}
+  explicit CpuCopyBatch(const KernelConfig* config) : config_(config), split_threads_(caller_threads()) {}
 
   // A fast-route pair (dense, equal strides, no conj/neg bit, non-empty).
   bool add_pair(const at::Tensor& dst, const at::Tensor& src);
@@ -50,12 +51,27 @@ class CpuCopyBatch {
   // (FBGEMM's split): its own chunks, as stock copies it.
   void add_fbgemm_f16_to_f32(char* dst, const char* src, int64_t numel);
   void reserve(size_t n) { items_.reserve(n); }
+  // Copies every item: serially up to 256 KB moved, else split by destination bytes across
+  // threads (at::parallel_for). Empties the work list.
   void run();
   bool empty() const { return items_.empty(); }
+  size_t size() const { return items_.size(); }
+
+  // A pass split by the caller (the sharded lane): finish() once, then copy_bytes() over any
+  // split of [0, total_bytes()), then count_pass() once. The work list must not change between.
+  void finish();
+  int64_t total_bytes() const { return total_; }  // destination bytes
+  int64_t moved_bytes() const { return moved_; }  // read plus written
+  void copy_bytes(int64_t begin, int64_t end) const;
+  static void count_pass(int64_t items, int64_t bytes);
 
  private:
+  static int64_t caller_threads();
   const KernelConfig* config_;
+  int64_t split_threads_;
   std::vector<WorkItem> items_;
+  std::vector<int64_t> ends_;  // destination bytes up to the end of each item (finish())
+  int64_t total_ = 0, moved_ = 0;
 };
 
 // Checks every conversion against stock copy_ on this machine and enables only the exact ones.

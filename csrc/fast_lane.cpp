@@ -70,6 +70,7 @@ bool FastLane::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* src
   CopyOp op = CopyOp::Memcpy;
   bool mergeable = false;
   for (size_t i = 0; i < n; ++i) {
+    stop_ = first_pair_ + i;
     c10::TensorImpl* d = dsts[i];
     const c10::TensorImpl* s = srcs[i];
     if (d->key_set() != plain || s->key_set() != plain) return false;
@@ -140,6 +141,7 @@ bool FastLane::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* src
       ++run_len_;
       run_bytes_ += dbytes;
     } else {
+      if (runs_opened_ == 1) head_ = current_run();  // the first run ends here
       close_run();
       dst_spans_.push_back({du, du + dbytes});
       src_spans_.push_back({su, su + sbytes});
@@ -148,8 +150,23 @@ bool FastLane::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* src
       run_dtypes_ = dtypes;
       run_dst_storage = dst_storage.unsafeGetStorageImpl();
       run_src_storage = src_storage.unsafeGetStorageImpl();
+      ++runs_opened_;
+      run_.dst = du;
+      run_.src = su;
+      run_.dst_storage = run_dst_storage;
+      run_.src_storage = run_src_storage;
+      run_.first_pair = first_pair_ + i;
+      run_.dtypes = dtypes;
+      // Where the first run starts is known now (the sharded lane's boundary test needs it even
+      // if a later pair stops this share); its length once it ends.
+      if (runs_opened_ == 1) head_ = run_;
     }
     bytes_ += dbytes;
+  }
+  stop_ = SIZE_MAX;
+  if (runs_opened_ > 0) {
+    tail_ = current_run();
+    if (runs_opened_ == 1) head_ = tail_;
   }
   close_run();
   return disjoint();
@@ -177,7 +194,8 @@ void FastLane::close_run_slow() {
 
 // No destination span meets another destination span or any source span (plan.cpp's aliasing
 // test; sources may share memory with each other). Spans usually arrive in address order, so
-// the sorts are mostly skipped; then one merge walk compares sources with destinations.
+// the sorts are mostly skipped; then one merge walk compares sources with destinations. Both
+// lists stay sorted (the sharded lane compares shares with them).
 bool FastLane::disjoint() {
   if (dst_spans_.empty()) return true;
   auto by_start = [](const Span& a, const Span& b) { return a.start < b.start; };
@@ -187,29 +205,52 @@ bool FastLane::disjoint() {
   for (size_t k = 1; k < dst_spans_.size(); ++k) {
     if (dst_spans_[k].start < dst_spans_[k - 1].end) return false;
   }
-  // Only sources inside the destinations' hull can meet one (separate allocations made before
-  // or after the destinations' usually lie outside it).
-  const uintptr_t lo = dst_spans_.front().start;
-  const uintptr_t hi = dst_spans_.back().end;
-  auto& inside = src_spans_;
-  inside.erase(std::remove_if(inside.begin(), inside.end(),
-                              [&](const Span& s) { return s.end <= lo || s.start >= hi; }),
-               inside.end());
-  if (!std::is_sorted(inside.begin(), inside.end(), by_start)) {
-    std::sort(inside.begin(), inside.end(), by_start);
+  if (!std::is_sorted(src_spans_.begin(), src_spans_.end(), by_start)) {
+    std::sort(src_spans_.begin(), src_spans_.end(), by_start);
   }
+  return !meets(dst_spans_, src_spans_);
+}
+
+bool FastLane::meets(const std::vector<Span>& sorted, const std::vector<Span>& spans) {
+  if (sorted.empty()) return false;
+  // Spans outside the sorted ones' hull meet none (separate allocations made before or after the
+  // destinations usually lie outside it).
+  const uintptr_t lo = sorted.front().start;
+  const uintptr_t hi = sorted.back().end;
   size_t k = 0;
-  for (const auto& s : inside) {
-    while (k < dst_spans_.size() && dst_spans_[k].end <= s.start) ++k;
-    if (k == dst_spans_.size()) break;
-    if (dst_spans_[k].start < s.end) return false;
+  for (const auto& s : spans) {
+    if (s.start >= hi) break;
+    if (s.end <= lo) continue;
+    while (k < sorted.size() && sorted[k].end <= s.start) ++k;
+    if (k == sorted.size()) break;
+    if (sorted[k].start < s.end) return true;
   }
-  return true;
+  return false;
+}
+
+void count_lane_call() { g_lane_calls.fetch_add(1, std::memory_order_relaxed); }
+
+std::vector<int64_t> lane_counts(int64_t runs, int64_t run_tensors, int64_t coalesced_bytes,
+                                 const std::vector<FastLane::Group>& groups, int64_t empty,
+                                 const Capability& cap) {
+  std::vector<int64_t> v(kCountsLen, 0);
+  v[0] = kExecuted;
+  if (runs > 0) {
+    v[path_slot(kCoalesced, 0)] = run_tensors;
+    v[path_slot(kCoalesced, 1)] = coalesced_bytes;
+    v[path_slot(kCoalesced, 2)] = runs;
+  }
+  for (const auto& g : groups) {
+    if (g.tensors == 0) continue;
+    v[path_slot(kForeach, 0)] += g.tensors;
+    v[path_slot(kForeach, 1)] += g.bytes;
+    v[path_slot(kForeach, 2)] += cap.launches(g.tensors);
+  }
+  v[path_slot(kEmpty, 0)] = empty;
+  return v;
 }
 
 std::vector<int64_t> FastLane::run() {
-  std::vector<int64_t> v(kCountsLen, 0);
-  v[0] = kExecuted;
   {
     // The executor's profiler ranges (execute.cpp); here one kernel pass serves both paths.
     at::RecordFunction coalesced(at::RecordScope::FUNCTION);
@@ -219,19 +260,8 @@ std::vector<int64_t> FastLane::run() {
     RECORD_FUNCTION("npu_dispatch::cpu_kernel", std::vector<c10::IValue>());
     batch_.run();
   }
-  g_lane_calls.fetch_add(1, std::memory_order_relaxed);
-  if (runs_ > 0) {
-    v[path_slot(kCoalesced, 0)] = run_tensors_;
-    v[path_slot(kCoalesced, 1)] = coalesced_bytes_;
-    v[path_slot(kCoalesced, 2)] = runs_;
-  }
-  for (const auto& g : groups_) {
-    v[path_slot(kForeach, 0)] += g.tensors;
-    v[path_slot(kForeach, 1)] += g.bytes;
-    v[path_slot(kForeach, 2)] += cap_->launches(g.tensors);
-  }
-  v[path_slot(kEmpty, 0)] = empty_;
-  return v;
+  count_lane_call();
+  return lane_counts(runs_, run_tensors_, coalesced_bytes_, groups_, empty_, *cap_);
 }
 
 }  // namespace npu_dispatch

@@ -9,6 +9,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <cstddef>
 #include <vector>
 
 #include "capability_table.h"
@@ -18,6 +19,17 @@ namespace npu_dispatch {
 
 // Calls the lane has run since load (tests check which way a call went).
 int64_t fast_lane_calls();
+
+// A run of the lane: adjacent contiguous pairs of one dtype pair in one storage each (a single
+// pair is a run of one). The sharded lane joins runs that meet at a share boundary.
+struct LaneRun {
+  int64_t len = 0, bytes = 0;
+  uint16_t dtypes = 0;
+  uintptr_t dst = 0, src = 0, dst_end = 0, src_end = 0;
+  const c10::StorageImpl* dst_storage = nullptr;
+  const c10::StorageImpl* src_storage = nullptr;
+  size_t first_pair = 0;  // index in the lists
+};
 
 class FastLane {
  public:
@@ -30,18 +42,43 @@ class FastLane {
   bool prepare(at::TensorList dsts, at::TensorList srcs, const CapabilityTable& caps);
   // Destination bytes the kernel will write (decides whether the caller drops the GIL).
   int64_t bytes() const { return bytes_; }
+
+  // For the sharded lane (sharded_lane.cpp), which runs prepare() on pairs [first, first + n)
+  // of the lists on each thread. After a false prepare(): the pair it stopped at (index in the
+  // lists), or SIZE_MAX where every pair passed and the spans met.
+  size_t stopped_at() const { return stop_; }
+  void set_first_pair(size_t first) { first_pair_ = first; }
+  // Runs opened (0: every pair empty), the first and the last (the last as it stood when the
+  // pairs ended), and the counts of what prepare() built.
+  int64_t runs_opened() const { return runs_opened_; }
+  const LaneRun& head() const { return head_; }
+  const LaneRun& tail() const { return tail_; }
+  // Destination and source spans, each sorted by address (after a true prepare()).
+  struct Span {
+    uintptr_t start, end;
+  };
+  const std::vector<Span>& dst_spans() const { return dst_spans_; }
+  const std::vector<Span>& src_spans() const { return src_spans_; }
+  // Whether any of `spans` (sorted by start) meets one of `sorted` (sorted, pairwise disjoint).
+  static bool meets(const std::vector<Span>& sorted, const std::vector<Span>& spans);
+  CpuCopyBatch& batch() { return batch_; }
+  const CpuCopyBatch& batch() const { return batch_; }
+  const Capability* capability() const { return cap_; }
+  int64_t empty_pairs() const { return empty_; }
+  int64_t coalesced_runs() const { return runs_; }
+  int64_t coalesced_tensors() const { return run_tensors_; }
+  int64_t coalesced_bytes() const { return coalesced_bytes_; }
+  // (dtype pair, tensors, bytes) of each group of singles.
+  struct Group {
+    uint16_t dtypes;  // dtype_pair()
+    int64_t tensors, bytes;
+  };
+  const std::vector<Group>& groups() const { return groups_; }
   // Copies every pair in one kernel pass; returns the count vector of execute.h. No version
   // counter moves here.
   std::vector<int64_t> run();
 
  private:
-  struct Span {
-    uintptr_t start, end;
-  };
-  struct Group {
-    uint16_t dtypes;  // dtype_pair()
-    int64_t tensors, bytes;
-  };
   // Ends the run being built. A single that joins the last group hit (the common case: one
   // dtype pair per list) stays inline; the rest is close_run_slow.
   void close_run() {
@@ -55,6 +92,16 @@ class FastLane {
   }
   void close_run_slow();
   bool disjoint();
+  // The run being built, as it stands.
+  LaneRun current_run() const {
+    LaneRun r = run_;
+    r.len = run_len_;
+    r.bytes = run_bytes_;
+    r.dtypes = run_dtypes_;
+    r.dst_end = dst_spans_.back().end;
+    r.src_end = src_spans_.back().end;
+    return r;
+  }
 
   const Capability* cap_ = nullptr;
   CpuCopyBatch batch_;
@@ -66,6 +113,15 @@ class FastLane {
   uint16_t run_dtypes_ = 0;  // dtype_pair(src, dst) of the run
   int64_t runs_ = 0, run_tensors_ = 0, coalesced_bytes_ = 0;
   int64_t empty_ = 0, bytes_ = 0;
+  size_t first_pair_ = 0, stop_ = SIZE_MAX;
+  int64_t runs_opened_ = 0;
+  LaneRun run_, head_, tail_;  // run_: where the run being built starts
 };
+
+// The count vector (execute.h) of a lane call, and the lane-call counter both lanes move.
+std::vector<int64_t> lane_counts(int64_t runs, int64_t run_tensors, int64_t coalesced_bytes,
+                                 const std::vector<FastLane::Group>& groups, int64_t empty,
+                                 const Capability& cap);
+void count_lane_call();
 
 }  // namespace npu_dispatch

@@ -15,6 +15,7 @@
 #include "capability_table.h"
 #include "copy_call.h"
 #include "fast_lane.h"
+#include "sharded_lane.h"
 #include "native_stats.h"
 
 namespace {
@@ -145,6 +146,16 @@ bool unpack_impls(PyObject* list, c10::TensorImpl** out) {
   return true;
 }
 
+// The direct op's answer once the copy and its bumps are done: the count vector for the mode's
+// front, else True with the call counted in the direct op's stats.
+PyObject* direct_done(bool from_mode, const std::vector<int64_t>& counts,
+                      std::chrono::steady_clock::time_point t0) {
+  if (from_mode) return to_tuple(counts);
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
+  npu_dispatch::record_direct(npu_dispatch::kOpForeachCopy, counts, ns.count());
+  Py_RETURN_TRUE;
+}
+
 // foreach_copy_direct(dsts, srcs, non_blocking[, from_mode]) -> bool | tuple  (lists or tuples)
 // The public npu_dispatch.foreach_copy_ on the fast lane, counted in the direct op's stats.
 // False, with nothing written, when the call needs the general path (anything the lane
@@ -173,33 +184,49 @@ PyObject* foreach_copy_direct(PyObject* /*self*/, PyObject* const* args, Py_ssiz
   const size_t n = static_cast<size_t>(dn);
   std::vector<c10::TensorImpl*> impls(2 * n);
   if (!unpack_impls(dl, impls.data()) || !unpack_impls(sl, impls.data() + n)) Py_RETURN_FALSE;
-  npu_dispatch::FastLane lane;
-  if (!lane.prepare(impls.data(), impls.data() + n, n, *npu_dispatch::current_capabilities(),
-                    c10::GradMode::is_enabled())) {
-    Py_RETURN_FALSE;
-  }
+  const auto caps = npu_dispatch::current_capabilities();
+  const bool grad_check = c10::GradMode::is_enabled();
   // Filled only when the copy drops the GIL; released last (on return, GIL held), after the bumps
   // below have used the TensorImpl pointers it keeps alive.
   PyRefs refs;
-  std::vector<int64_t> counts;
-  if (lane.bytes() > kReleaseGilBytes) {
+  auto hold_items = [&] {
     refs.reserve(2 * n);
     for (size_t i = 0; i < n; ++i) {
       refs.add(ditems[i]);
       refs.add(sitems[i]);
     }
-    pybind11::gil_scoped_release no_gil;
-    counts = lane.run();
+  };
+  std::vector<int64_t> counts;
+  if (npu_dispatch::ShardedLane::wanted(n)) {
+    // Checks split across threads; a call under the GIL threshold is copied in the same region.
+    npu_dispatch::ShardedLane lane;
+    switch (lane.prepare(impls.data(), impls.data() + n, n, *caps, grad_check, kReleaseGilBytes, true)) {
+      case npu_dispatch::ShardedLane::Outcome::Refused:
+        Py_RETURN_FALSE;
+      case npu_dispatch::ShardedLane::Outcome::Copied:  // bumped too
+        return direct_done(from_mode, lane.counts(), t0);
+      case npu_dispatch::ShardedLane::Outcome::Prepared: {
+        hold_items();
+        pybind11::gil_scoped_release no_gil;
+        counts = lane.run();
+        break;
+      }
+    }
   } else {
-    counts = lane.run();
+    npu_dispatch::FastLane lane;
+    if (!lane.prepare(impls.data(), impls.data() + n, n, *caps, grad_check)) Py_RETURN_FALSE;
+    if (lane.bytes() > kReleaseGilBytes) {
+      hold_items();
+      pybind11::gil_scoped_release no_gil;
+      counts = lane.run();
+    } else {
+      counts = lane.run();
+    }
   }
   // One bump per listed destination, as stock's in-place op (the lane took only destinations
   // with a version counter).
   for (size_t i = 0; i < n; ++i) impls[i]->bump_version();
-  if (from_mode) return to_tuple(counts);
-  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
-  npu_dispatch::record_direct(npu_dispatch::kOpForeachCopy, counts, ns.count());
-  Py_RETURN_TRUE;
+  return direct_done(from_mode, counts, t0);
   END_HANDLE_TH_ERRORS
 }
 

@@ -15,13 +15,14 @@
 #include "cpu_copy_kernel.h"
 #include "execute.h"
 #include "fast_lane.h"
+#include "sharded_lane.h"
 #include "native_stats.h"
 #include "plan.h"
 
 namespace npu_dispatch {
 namespace {
 
-constexpr int64_t kAbiVersion = 5;
+constexpr int64_t kAbiVersion = 6;
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -79,6 +80,7 @@ std::vector<int64_t> info_op() {
   auto out = kernel_counters();
   out.insert(out.begin(), kAbiVersion);
   out.push_back(fast_lane_calls());
+  out.push_back(sharded_lane_calls());
   return out;
 }
 

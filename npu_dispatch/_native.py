@@ -41,7 +41,7 @@ __all__ = ["load", "available", "status", "build", "module", "planned_op", "dire
 log = logging.getLogger("npu_dispatch")
 
 _BASE_NAME = "npu_dispatch_native"
-_ABI_VERSION = 5
+_ABI_VERSION = 6
 _SOURCES = (
     "capability_table.cpp",
     "plan.cpp",
@@ -50,6 +50,7 @@ _SOURCES = (
     "cpu_convert_avx512.cpp",
     "cpu_copy_kernel.cpp",
     "fast_lane.cpp",
+    "sharded_lane.cpp",
     "execute.cpp",
     "copy_call.cpp",
     "native_stats.cpp",
@@ -117,13 +118,14 @@ def self_check_result() -> dict | None:
 
 
 def info() -> dict:
-    """Counters only the C++ side moves: one-pass CPU kernel runs, work items, bytes, and calls
-    that took the fast lane (csrc/fast_lane.h) instead of the full planner."""
+    """Counters only the C++ side moves: one-pass CPU kernel runs, work items, bytes, calls that
+    took the fast lane (csrc/fast_lane.h) instead of the full planner, and those of them whose
+    checks were split across threads (csrc/sharded_lane.h)."""
     if _planned is None:
         return {}
-    abi, passes, items, nbytes, lane = torch.ops.npu_dispatch._native_info.default()
+    abi, passes, items, nbytes, lane, sharded = torch.ops.npu_dispatch._native_info.default()
     return {"abi": abi, "kernel_passes": passes, "kernel_items": items, "kernel_bytes": nbytes,
-            "fast_lane_calls": lane, "build_seconds": _build_seconds}
+            "fast_lane_calls": lane, "sharded_lane_calls": sharded, "build_seconds": _build_seconds}
 
 
 def module():

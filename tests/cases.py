@@ -237,3 +237,27 @@ def cases(draw, max_len=300):
         alias=tuple(alias),
         seed=draw(st.integers(0, 2**31 - 1)),
     )
+
+
+@st.composite
+def lane_cases(draw, min_len=1, max_len=60):
+    """Mostly lane-eligible lists (contiguous, lane dtype pairs, adjacency), some with a rogue pair
+    (broadcast, transposed, unsupported cast) or an alias that sends them to the planner."""
+    f32, f16, bf16, i32 = torch.float32, torch.float16, torch.bfloat16, torch.int32
+    dtype_pairs = [(f32, f32), (bf16, bf16), (f16, f16), (i32, i32), (f32, bf16), (bf16, f32), (f32, f16), (f16, f32)]
+    shape = st.one_of(st.tuples(st.integers(0, 70)), st.tuples(st.integers(1, 4), st.integers(0, 9)))
+    templates = draw(st.lists(st.tuples(shape, st.sampled_from(dtype_pairs)), min_size=1, max_size=4))
+    n = draw(st.integers(min_len, max_len))
+    picks = draw(st.lists(st.sampled_from(templates), min_size=n, max_size=n))
+    pairs = [Pair(s, a, b, "contiguous", "contiguous") for s, (a, b) in picks]
+    if draw(st.integers(0, 5)) == 0:
+        k = draw(st.integers(0, n - 1))
+        rogue = draw(st.sampled_from(["transposed_dst", "broadcast", "int_cast"]))
+        s = pairs[k].shape if len(pairs[k].shape) == 2 else (2, 3)
+        pairs[k] = {
+            "transposed_dst": Pair(s, f32, f32, "transposed", "contiguous"),
+            "broadcast": Pair(s, f32, f32, "contiguous", "broadcast"),
+            "int_cast": Pair(s, i32, f32, "contiguous", "contiguous"),
+        }[rogue]
+    alias = [(draw(st.integers(0, n - 1)), draw(st.integers(0, n - 1)))] if draw(st.integers(0, 6)) == 0 else []
+    return Case(tuple(pairs), draw(st.booleans()), draw(st.booleans()), tuple(alias), draw(st.integers(0, 2**31 - 1)))

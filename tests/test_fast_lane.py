@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 import npu_dispatch as nd
 from npu_dispatch import _native
-from cases import (Case, Pair, assert_same, bits, build, direct_copy, lane_calls, mode_copy, op_copy, run,
-                   stock_copy, storage_bytes)
+from cases import (Case, Pair, assert_same, bits, build, direct_copy, lane_calls, lane_cases, mode_copy, op_copy,
+                   run, stock_copy, storage_bytes)
 
 if not _native.available():
     if os.environ.get("NPU_DISPATCH_REQUIRE_NATIVE") == "1":
@@ -116,29 +116,6 @@ def test_other_lists_are_refused_and_still_match_stock(name, entry):
     assert got[0] == want[0]
     assert all(torch.equal(a, b) for a, b in zip(got[1], want[1]))
     assert got[2] == want[2]
-
-
-@st.composite
-def lane_cases(draw):
-    """Mostly lane-eligible lists (contiguous, lane dtype pairs, adjacency), some with a rogue pair
-    (broadcast, transposed, unsupported cast) or an alias that sends them to the planner."""
-    dtype_pairs = [(f32, f32), (bf16, bf16), (f16, f16), (i32, i32), (f32, bf16), (bf16, f32), (f32, f16), (f16, f32)]
-    shape = st.one_of(st.tuples(st.integers(0, 70)), st.tuples(st.integers(1, 4), st.integers(0, 9)))
-    templates = draw(st.lists(st.tuples(shape, st.sampled_from(dtype_pairs)), min_size=1, max_size=4))
-    n = draw(st.integers(1, 60))
-    picks = draw(st.lists(st.sampled_from(templates), min_size=n, max_size=n))
-    pairs = [contiguous(s, a, b) for s, (a, b) in picks]
-    if draw(st.integers(0, 5)) == 0:
-        k = draw(st.integers(0, n - 1))
-        rogue = draw(st.sampled_from(["transposed_dst", "broadcast", "int_cast"]))
-        s = pairs[k].shape if len(pairs[k].shape) == 2 else (2, 3)
-        pairs[k] = {
-            "transposed_dst": Pair(s, f32, f32, "transposed", "contiguous"),
-            "broadcast": Pair(s, f32, f32, "contiguous", "broadcast"),
-            "int_cast": Pair(s, i32, f32, "contiguous", "contiguous"),
-        }[rogue]
-    alias = [(draw(st.integers(0, n - 1)), draw(st.integers(0, n - 1)))] if draw(st.integers(0, 6)) == 0 else []
-    return case(pairs, draw(st.booleans()), draw(st.booleans()), alias, draw(st.integers(0, 2**31 - 1)))
 
 
 @settings(max_examples=120, deadline=None)

@@ -1,0 +1,69 @@
+// The fast lane split across threads, for lists long enough to repay it. One OpenMP region:
+// each thread checks its share of the pairs (FastLane::prepare on pairs [b, e)), the shares'
+// spans are compared with each other, and, where the call is small enough to copy with the GIL
+// held, the threads copy its bytes split evenly between them. Per-pair work (reading and
+// checking 2n tensors) is what bounds the lane on lists of small tensors; one thread did it
+// all before while the other waited for the copy.
+//
+// Same outcome as one FastLane over the whole list: the same calls refused, the same error
+// raised (on the calling thread) for the same pair, the same warnings issued in pair order, the
+// same count vector. Nothing is written unless every pair passes.
+#pragma once
+
+#include <c10/core/TensorImpl.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "capability_table.h"
+#include "fast_lane.h"
+
+namespace npu_dispatch {
+
+// Calls the sharded lane has taken (copied or prepared) since load; each counts in
+// fast_lane_calls() too.
+int64_t sharded_lane_calls();
+
+class ShardedLane {
+ public:
+  // Whether a call of `n` pairs takes this lane: built with OpenMP, more than one thread, not
+  // already inside a parallel region, and n >= 96 pairs.
+  static bool wanted(size_t n);
+
+  enum class Outcome { Refused, Prepared, Copied };
+  // Refused: nothing written, the planner decides. Prepared: every pair passed; the bytes are
+  // above `max_region_bytes`, so run() copies them (after the caller drops the GIL). Copied:
+  // done; counts() holds the count vector, and with `bump` every destination's version counter
+  // moved once, each after every byte of the call was written (the lane takes only destinations
+  // with a counter, so no bump can raise). Raises what FastLane::prepare raises for the first
+  // such pair, as it would.
+  Outcome prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* srcs, size_t n,
+                  const CapabilityTable& caps, bool grad_check, int64_t max_region_bytes, bool bump);
+  // Destination bytes (after Prepared or Copied).
+  int64_t bytes() const { return bytes_; }
+  // After Prepared: copies every pair (at::parallel_for over the destination bytes).
+  std::vector<int64_t> run();
+  const std::vector<int64_t>& counts() const { return counts_; }
+
+ private:
+  // Joins runs that meet at share boundaries, as one lane would have built them; false (with
+  // `*refused` set) where such a join crosses storages, which one lane refuses at that pair.
+  // Shares [0, ok) passed; share `ok` (if below `shares`) stopped, and only the boundary before
+  // it is tested.
+  bool join_boundaries(size_t shares, size_t ok, size_t* refused);
+  void copy_share(int64_t begin, int64_t end);
+
+  // One share per thread, each on its own cache lines: the lane writes its members per pair.
+  struct alignas(64) Share {
+    FastLane lane;
+  };
+  std::vector<Share> shares_;
+  std::vector<int64_t> offsets_;  // destination bytes before each share's
+  int64_t bytes_ = 0;
+  // The joined counts (FastLane's, over the whole list).
+  int64_t runs_ = 0, tensors_ = 0, coalesced_bytes_ = 0, empty_ = 0;
+  std::vector<FastLane::Group> groups_;
+  std::vector<int64_t> counts_;
+};
+
+}  // namespace npu_dispatch

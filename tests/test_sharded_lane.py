@@ -1,0 +1,316 @@
+"""The sharded lane (csrc/sharded_lane.h): long plain lists checked on every thread at once.
+
+Its contract is the fast lane's over the whole list, so each test holds it to stock (bits,
+versions, errors) and to what one lane would have done (the same calls refused, the same counts,
+the same error for the same pair). Lists here are past its 96-pair threshold and run with two
+threads; share boundaries fall at n * t / threads.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+
+import npu_dispatch as nd
+from npu_dispatch import _native
+from cases import assert_same, build, direct_copy, lane_calls, lane_cases, mode_copy, op_copy, run, stock_copy, storage_bytes
+
+if not _native.available():
+    if os.environ.get("NPU_DISPATCH_REQUIRE_NATIVE") == "1":
+        pytest.fail(f"native library required: {_native.status()[1]}", pytrace=False)
+    pytest.skip(f"native library not built: {_native.status()[1]}", allow_module_level=True)
+
+f32, f16, bf16, i32 = torch.float32, torch.float16, torch.bfloat16, torch.int32
+ENTRIES = [direct_copy, op_copy, mode_copy]
+N = 200  # two shares of 100 pairs with two threads
+
+
+@pytest.fixture(autouse=True)
+def two_threads():
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(old)
+
+
+def sharded_calls() -> int:
+    return _native.info()["sharded_lane_calls"]
+
+
+def mode_counts(dsts, srcs) -> dict:
+    mode = nd.NpuFastCopyMode()
+    with mode:
+        torch._foreach_copy_(dsts, srcs)
+    s = mode.stats.as_dict()
+    return {"paths": s["paths"], "reasons": s["fallback_reasons"]}
+
+
+def python_planner_counts(make) -> dict:
+    planned = _native.planned_op
+    _native.planned_op = lambda: None  # the Python planner: the spec the C++ side mirrors
+    try:
+        return mode_counts(*make())
+    finally:
+        _native.planned_op = planned
+
+
+@settings(max_examples=50, deadline=None)
+@given(lane_cases(min_len=96, max_len=240))
+def test_long_lists_match_stock_through_every_entry(c):
+    stock = run(c, stock_copy)
+    for entry in ENTRIES:
+        assert_same(stock, run(c, entry))
+
+
+@settings(max_examples=40, deadline=None)
+@given(lane_cases(min_len=96, max_len=240))
+def test_long_lists_count_what_the_python_planner_counts(c):
+    def counted(python):
+        planned = _native.planned_op
+        if python:
+            _native.planned_op = lambda: None
+        try:
+            dsts, srcs, _ = build(c)
+            mode = nd.NpuFastCopyMode()
+            with mode:
+                try:
+                    torch._foreach_copy_(dsts, srcs)
+                except RuntimeError:
+                    pass
+            s = mode.stats.as_dict()
+            return s["paths"], s["fallback_reasons"]
+        finally:
+            _native.planned_op = planned
+
+    assert counted(False) == counted(True)
+
+
+def separate(n=N, numel=lambda i: 8 + i % 5, sdt=f32, ddt=f32):
+    gen = torch.Generator().manual_seed(n)
+    srcs = [torch.randn(numel(i), generator=gen).to(sdt) for i in range(n)]
+    dsts = [torch.zeros(numel(i), dtype=ddt) for i in range(n)]
+    return dsts, srcs
+
+
+def split(sizes, sdt=f32, ddt=f32):
+    total = sum(sizes)
+    gen = torch.Generator().manual_seed(total)
+    return list(torch.zeros(total, dtype=ddt).split(sizes)), list(torch.randn(total, generator=gen).to(sdt).split(sizes))
+
+
+# Runs and groups around the share boundary (pair 100), each as one lane builds them.
+BOUNDARY = {
+    "separate": lambda: separate(),
+    "one_run_across": lambda: split([3 + i % 4 for i in range(N)]),
+    "run_starts_at_boundary": lambda: tuple(
+        a + b for a, b in zip(separate(100), split([5] * 100))),
+    "run_ends_at_boundary": lambda: tuple(
+        a + b for a, b in zip(split([5] * 100), separate(100))),
+    "single_then_run_across": lambda: tuple(
+        a + b for a, b in zip(separate(99), split([4] * 101))),
+    "empties_across": lambda: split([0 if 90 <= i < 120 else 3 for i in range(N)]),
+    "second_share_all_empty": lambda: split([4] * 100 + [0] * 100),
+    "dtype_change_at_boundary": lambda: tuple(
+        a + b for a, b in zip(split([6] * 100), split([6] * 100, f32, bf16))),
+    "cast_run_across": lambda: split([7 + i % 3 for i in range(N)], f32, bf16),
+    "fp16_to_fp32_per_pair_tails": lambda: split([9 + i % 11 for i in range(N)], f16, f32),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BOUNDARY))
+def test_boundary_runs_count_and_copy_as_one_lane(name):
+    make = BOUNDARY[name]
+    dsts, srcs = make()
+    want = [torch.empty_like(d) for d in dsts]
+    torch._foreach_copy_(want, srcs)
+    before = sharded_calls()
+    got = mode_counts(dsts, srcs)
+    assert sharded_calls() == before + 1
+    assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(want, dsts) if a.numel())
+    assert got == python_planner_counts(make)
+
+
+def test_one_thread_takes_the_one_lane():
+    torch.set_num_threads(1)
+    dsts, srcs = separate()
+    before, lanes = sharded_calls(), lane_calls()
+    assert _native.direct_op()(dsts, srcs, False) is True
+    assert sharded_calls() == before and lane_calls() == lanes + 1
+    assert all(torch.equal(d, s) for d, s in zip(dsts, srcs))
+
+
+def _numpy_backed(n_first, n_second, numel, dtype):
+    # Two storages side by side in memory (one numpy buffer, two from_numpy tensors).
+    buf = np.zeros((n_first + n_second) * numel, dtype=np.float32)
+    a = torch.from_numpy(buf[: n_first * numel])
+    b = torch.from_numpy(buf[n_first * numel:])
+    return list(a.split(numel)) + list(b.split(numel)), buf
+
+
+@pytest.mark.parametrize("side", ["dst", "src", "both"])
+def test_runs_meeting_across_storages_at_the_boundary_are_refused_as_one_lane_refuses(side):
+    np_dsts, _ = _numpy_backed(100, 100, 4, f32)
+    np_srcs, src_buf = _numpy_backed(100, 100, 4, f32)
+    src_buf[:] = np.arange(src_buf.size, dtype=np.float32)
+    plain_dsts = list(torch.zeros(800).split(4))
+    plain_srcs = list(torch.arange(800, dtype=f32).split(4))
+    dsts = np_dsts if side in ("dst", "both") else plain_dsts
+    srcs = np_srcs if side in ("src", "both") else plain_srcs
+    before = [d.clone() for d in dsts]
+    lanes = lane_calls()
+    if side == "both":
+        # One lane stops at pair 100 (a run would cross storages): nothing written, planner.
+        assert _native.direct_op()(dsts, srcs, False) is False
+        assert all(torch.equal(a, b) for a, b in zip(before, dsts))
+        assert lane_calls() == lanes
+    ref = [torch.empty_like(d) for d in dsts]
+    torch._foreach_copy_(ref, srcs)
+    nd.foreach_copy_(dsts, srcs)
+    assert all(torch.equal(a, b) for a, b in zip(ref, dsts))
+    assert [d._version for d in dsts][:1] != [0]
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("kind", ["dst_meets_src", "dst_meets_dst", "src_meets_dst"])
+def test_memory_shared_across_shares_is_refused_and_matches_stock(entry, kind):
+    def make():
+        dsts, srcs = separate(numel=lambda i: 6)
+        shared = torch.arange(12, dtype=f32)
+        if kind == "dst_meets_src":  # a destination of share 1 overlaps a source of share 0
+            dsts[150], srcs[10] = shared[:6], shared[3:9]
+        elif kind == "dst_meets_dst":
+            dsts[10], dsts[150] = shared[:6], shared[2:8]
+        else:  # a source of share 1 overlaps a destination of share 0
+            dsts[10], srcs[150] = shared[:6], shared[3:9]
+        return dsts, srcs
+
+    dsts, srcs = make()
+    snapshot = [storage_bytes(t) for t in dsts]
+    assert _native.direct_op()(dsts, srcs, False) is False
+    assert all(torch.equal(a, storage_bytes(t)) for a, t in zip(snapshot, dsts))
+
+    def outcome(fn):
+        d, s = make()
+        fn(d, s)
+        return [x.clone() for x in d], [x._version for x in d]
+
+    want, got = outcome(stock_copy), outcome(entry)
+    assert all(torch.equal(a, b) for a, b in zip(want[0], got[0]))
+    assert want[1] == got[1]
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("where", ["alone", "refusal_in_share_0_first", "refusal_after", "two_forbidden"])
+def test_a_forbidden_write_in_the_second_share_raises_stocks_error(entry, where):
+    def make():
+        dsts, srcs = separate(numel=lambda i: 4)
+        bad = torch.zeros(4)
+        torch._C._set_throw_on_mutable_data_ptr(bad)
+        dsts[150] = bad
+        if where == "refusal_in_share_0_first":
+            srcs[20] = torch.ones(4, 2)[:, 0]
+        elif where == "refusal_after":
+            srcs[180] = torch.ones(4, 2)[:, 0]
+        elif where == "two_forbidden":
+            other = torch.zeros(4)
+            torch._C._set_throw_on_mutable_data_ptr(other)
+            dsts[120] = other
+        return dsts, srcs
+
+    errors = []
+    for fn in (stock_copy, entry):
+        with pytest.raises(RuntimeError) as info:
+            fn(*make())
+        errors.append(str(info.value))
+    assert errors[0] == errors[1] and "Cannot access data pointer" in errors[0]
+
+
+def test_the_lane_writes_nothing_before_raising_for_a_forbidden_write():
+    dsts, srcs = separate(numel=lambda i: 4)
+    bad = torch.zeros(4)
+    torch._C._set_throw_on_mutable_data_ptr(bad)
+    dsts[150] = bad
+    with pytest.raises(RuntimeError, match="Cannot access data pointer"):
+        _native.direct_op()(dsts, srcs, False)
+    assert all(d._version == 0 and not d.any() for k, d in enumerate(dsts) if k != 150)
+
+
+_WARN_SCRIPT = """
+import warnings, torch, npu_dispatch as nd
+from npu_dispatch import _native
+torch.set_num_threads(2)
+dsts = [torch.zeros(4) for _ in range(200)]
+srcs = [torch.ones(4) for _ in range(200)]
+torch._C._set_warn_deprecated_on_mutable_data_ptr(dsts[150])
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    nd.foreach_copy_(dsts, srcs)
+info = _native.info()
+print(info["sharded_lane_calls"], all(bool((d == 1).all()) for d in dsts), [str(x.message)[:54] for x in w])
+"""
+
+
+def test_a_warning_from_the_second_share_reaches_pythons_warnings():
+    # TORCH_WARN_ONCE: a fresh interpreter. Issued on a worker thread, it must come out on the
+    # calling thread, through Python's warnings, not printed by the worker's default handler.
+    out = subprocess.run([sys.executable, "-c", _WARN_SCRIPT], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[0] == "1 True ['Accessing the data pointer of FakeTensor is deprecated']"
+    assert "deprecated" not in out.stderr
+
+
+def test_fbgemm_chunks_follow_the_calling_threads_count():
+    # A pair past GRAIN_SIZE splits into one FBGEMM call per thread under stock, each chunk with
+    # its own scalar tail (which writes every NaN as 0x7fffffff). Its chunks are planned on a
+    # worker thread here, which must still split as the calling thread's copy_ would.
+    n = 70_001  # two chunks of 35_001: the scalar tail of the first ends at element 35_000
+    big = torch.zeros(n, dtype=torch.int16)
+    big[35_000] = 0x7D01  # a signalling NaN
+    big[70_000] = 0x7E01
+    srcs = [big.view(f16)] + [torch.full((8,), 0.5, dtype=f16) for _ in range(120)]
+    dsts = [torch.zeros(n)] + [torch.zeros(8) for _ in range(120)]
+    want = [torch.empty_like(d) for d in dsts]
+    torch._foreach_copy_(want, srcs)
+    before = sharded_calls()
+    nd.foreach_copy_(dsts, srcs)
+    assert sharded_calls() == before + 1
+    assert all(torch.equal(a.view(i32), b.view(i32)) for a, b in zip(want, dsts))
+    assert want[0].view(i32)[35_000].item() == 0x7FFFFFFF
+
+
+def test_calls_above_the_gil_threshold_copy_after_the_region():
+    dsts, srcs = separate(120, numel=lambda i: 20_000 + i)  # about 9.6 MB of destinations
+    want = [torch.empty_like(d) for d in dsts]
+    torch._foreach_copy_(want, srcs)
+    before = sharded_calls()
+    nd.foreach_copy_(dsts, srcs)
+    assert sharded_calls() == before + 1
+    assert all(torch.equal(a, b) for a, b in zip(want, dsts))
+    assert [d._version for d in dsts] == [1] * 120
+
+
+@pytest.mark.parametrize("views", [False, True], ids=["separate", "views_of_one_base"])
+def test_versions_move_once_per_destination_as_stock(views):
+    if views:
+        base = torch.zeros(N * 4)
+        dsts = list(base.split(4))
+    else:
+        dsts = [torch.zeros(4) for _ in range(N)]
+    srcs = [torch.ones(4) for _ in range(N)]
+    nd.foreach_copy_(dsts, srcs)
+    nd.foreach_copy_(dsts, srcs)
+    assert [d._version for d in dsts] == [2 * N if views else 2] * N
+    if views:
+        assert base._version == 2 * N
+
+
+def test_profiler_sees_the_kernel_ranges():
+    dsts, srcs = split([4] * N)
+    with torch.profiler.profile() as prof:
+        nd.foreach_copy_(dsts, srcs)
+    names = {e.name for e in prof.events()}
+    assert {"npu_dispatch::cpu_kernel", "npu_dispatch::coalesced"} <= names
