@@ -22,6 +22,8 @@ namespace {
 constexpr size_t kShardedPairs = 96;
 // As cpu_copy_kernel.cpp: destination bytes one thread takes at least.
 constexpr int64_t kGrainBytes = 64 * 1024;
+// Dtype pairs of singles one sharded call counts (lists hold one or two); more: the planner.
+constexpr size_t kMaxGroups = 16;
 
 // A share's warnings (StorageImpl::mutable_data may warn), tagged with the pair that issued them;
 // the calling thread issues those a single lane would have issued, in pair order.
@@ -37,7 +39,6 @@ class WarningLog : public c10::WarningHandler {
 
 struct alignas(64) ShareResult {
   bool ok = false;
-  bool meets_other = false;  // a span of this share meets another share's destination span
   size_t stop = SIZE_MAX;    // the pair this share stopped at (FastLane::stopped_at)
   std::exception_ptr error;  // what that pair raised
   std::vector<std::pair<size_t, c10::Warning>> warnings;
@@ -58,31 +59,36 @@ bool ShardedLane::wanted(size_t n) {
 #endif
 }
 
-void ShardedLane::copy_share(int64_t begin, int64_t end) {
-  for (size_t s = 0; s < shares_.size(); ++s) {
-    const int64_t off = offsets_[s];
+void ShardedLane::copy_share(const std::vector<int64_t>& offsets, int64_t begin, int64_t end) const {
+  for (size_t s = 0; s < offsets.size(); ++s) {
+    const auto& batch = shares_[s].lane.batch();
+    const int64_t off = offsets[s];
     const int64_t lo = std::max(begin, off);
-    const int64_t hi = std::min(end, off + shares_[s].lane.batch().total_bytes());
-    if (lo < hi) shares_[s].lane.batch().copy_bytes(lo - off, hi - off);
+    const int64_t hi = std::min(end, off + batch.total_bytes());
+    if (lo < hi) batch.copy_bytes(lo - off, hi - off);
   }
 }
 
-bool ShardedLane::join_boundaries(size_t shares, size_t ok, size_t* refused) {
-  runs_ = tensors_ = coalesced_bytes_ = empty_ = 0;
-  groups_.clear();
+void ShardedLane::join(size_t shares, size_t ok, Plan* p) const {
+  // Within the capacity reserved before the region (no allocation, so no thread can fail where
+  // another goes on); a list of more dtype pairs than that goes to the planner.
   auto group = [&](uint16_t dtypes) -> FastLane::Group& {
-    for (auto& g : groups_) {
+    for (auto& g : p->groups) {
       if (g.dtypes == dtypes) return g;
     }
-    groups_.push_back({dtypes, 0, 0});
-    return groups_.back();
+    if (p->groups.size() == p->groups.capacity()) {
+      p->too_many_groups = true;
+      return p->groups.front();
+    }
+    p->groups.push_back({dtypes, 0, 0});
+    return p->groups.back();
   };
   // One lane counts a run of two or more as coalesced, a run of one in its dtype pair's group.
   auto add = [&](const LaneRun& r, int64_t sign) {
     if (r.len >= 2) {
-      runs_ += sign;
-      tensors_ += sign * r.len;
-      coalesced_bytes_ += sign * r.bytes;
+      p->runs += sign;
+      p->tensors += sign * r.len;
+      p->coalesced_bytes += sign * r.bytes;
     } else {
       auto& g = group(r.dtypes);
       g.tensors += sign;
@@ -91,10 +97,10 @@ bool ShardedLane::join_boundaries(size_t shares, size_t ok, size_t* refused) {
   };
   for (size_t s = 0; s < ok; ++s) {
     const FastLane& l = shares_[s].lane;
-    runs_ += l.coalesced_runs();
-    tensors_ += l.coalesced_tensors();
-    coalesced_bytes_ += l.coalesced_bytes();
-    empty_ += l.empty_pairs();
+    p->runs += l.coalesced_runs();
+    p->tensors += l.coalesced_tensors();
+    p->coalesced_bytes += l.coalesced_bytes();
+    p->empty += l.empty_pairs();
     for (const auto& g : l.groups()) {
       auto& mine = group(g.dtypes);
       mine.tensors += g.tensors;
@@ -110,10 +116,10 @@ bool ShardedLane::join_boundaries(size_t shares, size_t ok, size_t* refused) {
     if (have && h.dtypes == carried.dtypes && h.dst == carried.dst_end && h.src == carried.src_end) {
       // plan.cpp coalesces only inside one storage; one lane refuses this pair.
       if (h.dst_storage != carried.dst_storage || h.src_storage != carried.src_storage) {
-        *refused = h.first_pair;
-        return false;
+        p->refused_at = h.first_pair;
+        return;
       }
-      if (s == ok) break;
+      if (s == ok) return;
       LaneRun joined = carried;
       joined.len += h.len;
       joined.bytes += h.bytes;
@@ -124,12 +130,11 @@ bool ShardedLane::join_boundaries(size_t shares, size_t ok, size_t* refused) {
       add(joined, 1);
       carried = l.runs_opened() == 1 ? joined : l.tail();
     } else {
-      if (s == ok) break;
+      if (s == ok) return;
       carried = l.tail();
     }
     have = true;
   }
-  return true;
 }
 
 ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* srcs,
@@ -142,13 +147,16 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
   const int threads = at::get_num_threads();
   shares_.clear();
   shares_.resize(threads);  // constructed here, on the calling thread (CpuCopyBatch reads its thread count)
-  offsets_.assign(threads, 0);
   std::vector<ShareResult> results(threads);  // each on its own cache lines (alignas)
+  // Every thread decides on its own plan, from the same results, without allocating: the same
+  // answer on every thread (they must agree, with no barrier between deciding and copying).
+  std::vector<Plan> plans(threads);
+  for (auto& p : plans) {
+    p.offsets.reserve(threads);
+    p.groups.reserve(kMaxGroups);
+  }
   int team = 1;
-  // Set by the master thread between the barriers, read by all after the second.
-  bool joined = false, copy_here = false;
-  size_t refused_at = SIZE_MAX;
-  std::exception_ptr join_error;
+  bool copy_here = false;
   // Profiler ranges, opened and closed on the calling thread (the master), around the copy.
   std::optional<at::RecordFunction> rf_coalesced, rf_foreach, rf_kernel;
 #pragma omp parallel num_threads(threads)
@@ -173,67 +181,73 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
       r.warnings = std::move(log.items);
     }
 #pragma omp barrier
-    bool all_ok = true;
-    for (int u = 0; u < nt; ++u) all_ok = all_ok && results[u].ok;
-    if (all_ok) {
-      // Each share's own spans were compared inside it; here its sources and destinations meet
-      // the other shares' destinations (each pair of shares' destinations once).
-      try {
-        for (int u = 0; u < nt && !r.meets_other; ++u) {
-          if (u == t) continue;
-          r.meets_other = FastLane::meets(shares_[u].lane.dst_spans(), lane.src_spans()) ||
-                          (u > t && FastLane::meets(shares_[u].lane.dst_spans(), lane.dst_spans()));
+    // Every thread reaches the same decision from the shares' results (cheaper here than a
+    // second barrier to share one thread's).
+    Plan& p = plans[t];
+    size_t ok = 0;
+    while (ok < static_cast<size_t>(nt) && results[ok].ok) ++ok;
+    join(static_cast<size_t>(nt), ok, &p);
+    if (ok == static_cast<size_t>(nt) && p.refused_at == SIZE_MAX && !p.too_many_groups) {
+      // Each share's own spans were compared inside it; here each share's sources and
+      // destinations meet the other shares' destinations.
+      for (int u = 0; u < nt && !p.meets; ++u) {
+        for (int v = 0; v < nt && !p.meets; ++v) {
+          if (u == v) continue;
+          const FastLane& a = shares_[u].lane;
+          const FastLane& c = shares_[v].lane;
+          p.meets = FastLane::meets(a.dst_spans(), c.src_spans()) ||
+                    (u < v && FastLane::meets(a.dst_spans(), c.dst_spans()));
         }
-      } catch (...) {
-        r.meets_other = true;  // no memory for the comparison: the planner decides
       }
+      int64_t largest = 0;
+      for (int u = 0; u < nt; ++u) {
+        p.offsets.push_back(p.bytes);  // reserved: no allocation
+        p.bytes += shares_[u].lane.batch().total_bytes();
+        largest = std::max(largest, shares_[u].lane.batch().total_bytes());
+      }
+      p.go = !p.meets;
+      // Shares within a quarter of an even split copy their own pairs (no barrier before
+      // their bumps); others split the bytes evenly. Coalesced runs are views of one base,
+      // sharing its counter: one thread bumps them, after a barrier.
+      p.own_shares = p.runs == 0 && largest * nt <= p.bytes + p.bytes / 4;
     }
+    const bool go = p.go && p.bytes <= max_region_bytes;
 #pragma omp master
-    {
-      team = nt;
-      try {
-        size_t ok = 0;
-        while (ok < static_cast<size_t>(nt) && results[ok].ok) ++ok;
-        joined = join_boundaries(static_cast<size_t>(nt), ok, &refused_at);
-        if (joined && all_ok) {
-          int64_t off = 0;
-          for (int u = 0; u < nt; ++u) {
-            offsets_[u] = off;
-            off += shares_[u].lane.batch().total_bytes();
-          }
-          bytes_ = off;
-        }
-      } catch (...) {
-        join_error = std::current_exception();
-      }
-    }
-#pragma omp barrier
-    bool go = all_ok && joined && !join_error;
-    for (int u = 0; u < nt && go; ++u) go = !results[u].meets_other;
-    if (go && bytes_ <= max_region_bytes) {
+    team = nt;
+    if (go) {
 #pragma omp master
       try {
         copy_here = true;
         rf_coalesced.emplace(at::RecordScope::FUNCTION);
-        if (runs_ > 0 && rf_coalesced->isActive()) rf_coalesced->before("npu_dispatch::coalesced");
+        if (p.runs > 0 && rf_coalesced->isActive()) rf_coalesced->before("npu_dispatch::coalesced");
         rf_foreach.emplace(at::RecordScope::FUNCTION);
-        if (!groups_.empty() && rf_foreach->isActive()) rf_foreach->before("npu_dispatch::foreach");
+        if (!p.groups.empty() && rf_foreach->isActive()) rf_foreach->before("npu_dispatch::foreach");
         rf_kernel.emplace(at::RecordScope::FUNCTION);
         if (rf_kernel->isActive()) rf_kernel->before("npu_dispatch::cpu_kernel");
       } catch (...) {
         // Profiler ranges only: the copy goes on without them.
       }
-      copy_share(bytes_ * t / nt, bytes_ * (t + 1) / nt);
-      if (bump) {
-        // No version moves before every byte is written (stock bumps a pair after its copy).
-#pragma omp barrier
-        if (runs_ == 0) {
+      if (p.own_shares) {
+        // Each thread copies the pairs it checked, then moves their versions, as stock's loop
+        // does pair by pair: no version moves before its destination's bytes are written.
+        const auto& batch = lane.batch();
+        batch.copy_bytes(0, batch.total_bytes());
+        if (bump) {
           for (size_t i = b; i < e; ++i) dsts[i]->bump_version();
-        } else {
-          // Coalesced runs are views of one base, sharing its counter: one thread bumps them
-          // all rather than two fighting over that counter's cache line.
+        }
+      } else {
+        copy_share(p.offsets, p.bytes * t / nt, p.bytes * (t + 1) / nt);
+        if (bump) {
+          // Every thread wrote bytes of other threads' pairs: no version moves before all are.
+#pragma omp barrier
+          if (p.runs == 0) {
+            for (size_t i = b; i < e; ++i) dsts[i]->bump_version();
+          } else {
+            // Coalesced runs are views of one base, sharing its counter: one thread bumps them
+            // all rather than two fighting over that counter's cache line.
 #pragma omp master
-          for (size_t i = 0; i < n; ++i) dsts[i]->bump_version();
+            for (size_t i = 0; i < n; ++i) dsts[i]->bump_version();
+          }
         }
       }
     }
@@ -242,7 +256,14 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
   rf_foreach.reset();
   rf_coalesced.reset();
   shares_.resize(team);
-  offsets_.resize(team);
+  Plan& plan = plans[0];  // the master's
+  runs_ = plan.runs;
+  tensors_ = plan.tensors;
+  coalesced_bytes_ = plan.coalesced_bytes;
+  empty_ = plan.empty;
+  groups_ = std::move(plan.groups);
+  offsets_ = std::move(plan.offsets);
+  bytes_ = plan.bytes;
 
   // What one lane would have met first: a pair refused or raising (shares are in pair order),
   // or a join refused at a share's first run. Warnings up to and including that pair stand.
@@ -254,8 +275,8 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
       error = results[u].error;
     }
   }
-  if (refused_at < event) {
-    event = refused_at;
+  if (plan.refused_at < event) {
+    event = plan.refused_at;
     error = nullptr;
   }
   const size_t cut = event == SIZE_MAX ? n : event + 1;
@@ -266,11 +287,8 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
   }
   if (error) std::rethrow_exception(error);
   if (event != SIZE_MAX) return Outcome::Refused;
-  if (join_error) std::rethrow_exception(join_error);
-  for (int u = 0; u < team; ++u) {
-    // A share whose own spans met (stop SIZE_MAX), or whose spans met another's.
-    if (!results[u].ok || results[u].meets_other) return Outcome::Refused;
-  }
+  // A share whose own spans met (stop SIZE_MAX), or spans of two shares that met.
+  if (!plan.go) return Outcome::Refused;
   g_sharded_calls.fetch_add(1, std::memory_order_relaxed);
   if (!copy_here) return Outcome::Prepared;
   int64_t items = 0;
@@ -289,7 +307,7 @@ std::vector<int64_t> ShardedLane::run() {
     at::RecordFunction foreach_range(at::RecordScope::FUNCTION);
     if (!groups_.empty() && foreach_range.isActive()) foreach_range.before("npu_dispatch::foreach");
     RECORD_FUNCTION("npu_dispatch::cpu_kernel", std::vector<c10::IValue>());
-    at::parallel_for(0, bytes_, kGrainBytes, [this](int64_t b, int64_t e) { copy_share(b, e); });
+    at::parallel_for(0, bytes_, kGrainBytes, [this](int64_t b, int64_t e) { copy_share(offsets_, b, e); });
   }
   int64_t items = 0;
   for (const auto& sh : shares_) items += static_cast<int64_t>(sh.lane.batch().size());

@@ -46,12 +46,25 @@ class ShardedLane {
   const std::vector<int64_t>& counts() const { return counts_; }
 
  private:
-  // Joins runs that meet at share boundaries, as one lane would have built them; false (with
-  // `*refused` set) where such a join crosses storages, which one lane refuses at that pair.
-  // Shares [0, ok) passed; share `ok` (if below `shares`) stopped, and only the boundary before
-  // it is tested.
-  bool join_boundaries(size_t shares, size_t ok, size_t* refused);
-  void copy_share(int64_t begin, int64_t end);
+  // What every thread of the region decides once the shares are checked.
+  struct alignas(64) Plan {
+    bool go = false;          // every pair passed, no spans of two shares met: copy
+    bool meets = false;       // spans of two shares met
+    bool own_shares = false;  // each thread copies (and bumps) the pairs it checked
+    bool too_many_groups = false;  // more dtype pairs than the reserved capacity: refused
+    size_t refused_at = SIZE_MAX;  // a run joined across storages at this pair: refused
+    int64_t runs = 0, tensors = 0, coalesced_bytes = 0, empty = 0;
+    std::vector<FastLane::Group> groups;
+    std::vector<int64_t> offsets;  // destination bytes before each share's
+    int64_t bytes = 0;
+  };
+  // Joins runs that meet at share boundaries, as one lane would have built them, into `p`'s
+  // counts; sets `refused_at` where such a join crosses storages (one lane refuses that pair).
+  // Shares [0, ok) passed; share `ok` (if below `shares`) stopped: only the boundary before it
+  // is tested.
+  void join(size_t shares, size_t ok, Plan* p) const;
+  // Copies destination bytes [begin, end) of the shares laid end to end at `offsets`.
+  void copy_share(const std::vector<int64_t>& offsets, int64_t begin, int64_t end) const;
 
   // One share per thread, each on its own cache lines: the lane writes its members per pair.
   struct alignas(64) Share {

@@ -103,6 +103,15 @@ def split(sizes, sdt=f32, ddt=f32):
     return list(torch.zeros(total, dtype=ddt).split(sizes)), list(torch.randn(total, generator=gen).to(sdt).split(sizes))
 
 
+def three_groups():
+    dsts, srcs = [], []
+    for k in range(N):
+        sdt, ddt = [(f32, f32), (f32, bf16), (i32, i32)][k % 3]
+        dsts.append(torch.zeros(5 + k % 4, dtype=ddt))
+        srcs.append(torch.arange(5 + k % 4).to(sdt) * (k + 1))
+    return dsts, srcs
+
+
 # Runs and groups around the share boundary (pair 100), each as one lane builds them.
 BOUNDARY = {
     "separate": lambda: separate(),
@@ -119,6 +128,7 @@ BOUNDARY = {
         a + b for a, b in zip(split([6] * 100), split([6] * 100, f32, bf16))),
     "cast_run_across": lambda: split([7 + i % 3 for i in range(N)], f32, bf16),
     "fp16_to_fp32_per_pair_tails": lambda: split([9 + i % 11 for i in range(N)], f16, f32),
+    "three_groups_of_singles": lambda: three_groups(),
 }
 
 
@@ -173,6 +183,33 @@ def test_runs_meeting_across_storages_at_the_boundary_are_refused_as_one_lane_re
     nd.foreach_copy_(dsts, srcs)
     assert all(torch.equal(a, b) for a, b in zip(ref, dsts))
     assert [d._version for d in dsts][:1] != [0]
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda f: f.__name__)
+def test_a_refused_join_then_a_forbidden_write_raises_as_one_lane(entry):
+    # One lane stops at pair 100 (its run would cross storages) before the forbidden write at
+    # pair 150; the planner then raises stock's error having written nothing (stock writes pairs
+    # 0..149 first: a known difference of the planner's executor, one thread or two).
+    def make():
+        dsts, _ = _numpy_backed(100, 100, 4, f32)
+        srcs, buf = _numpy_backed(100, 100, 4, f32)
+        buf[:] = np.arange(buf.size, dtype=np.float32)
+        bad = torch.zeros(4)
+        torch._C._set_throw_on_mutable_data_ptr(bad)
+        dsts[150] = bad
+        return dsts, srcs
+
+    def outcome(fn, threads):
+        torch.set_num_threads(threads)
+        dsts, srcs = make()
+        with pytest.raises(RuntimeError) as info:
+            fn(dsts, srcs)
+        return str(info.value), [d.clone() for d in dsts], [d._version for d in dsts]
+
+    want = outcome(stock_copy, 2)
+    one, two = outcome(entry, 1), outcome(entry, 2)
+    assert want[0] == one[0] == two[0]
+    assert all(torch.equal(a, b) for a, b in zip(one[1], two[1])) and one[2] == two[2]
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=lambda f: f.__name__)
