@@ -35,7 +35,8 @@ def test_quick_json_structure(quick_run, capsys):
     assert [r["name"] for r in result["workloads"]] == _ONLY
     tiny, overhead = result["workloads"]
 
-    floor = {"pair_floor", "call_floor", "flat_direct", "copy_floor", "direct_copy_floor"} if npu_dispatch._native.available() else set()
+    floor = ({"pair_floor", "call_floor", "flat_direct", "copy_floor", "direct_copy_floor", "parallel_region"}
+             if npu_dispatch._native.available() else set())
     assert set(tiny["times_us"]) == {"stock", "direct", "mode", "mode_front", "bare_mode", "null_mode", "roofline"} | floor
     assert set(overhead["times_us"]) == {"no_mode", "bare_mode", "mode"}
     for row in (tiny, overhead):
@@ -60,6 +61,9 @@ def test_quick_json_structure(quick_run, capsys):
 
     md = (out / "benchmarks.md").read_text()
     assert "tiny_many" in md and "| workload |" in md
+    if floor:
+        region = tiny["times_us"]["parallel_region"]["round_medians_us"][0]
+        assert f"| tiny_many | parallel region | {region:.3g} |" in md
     if _has_matplotlib():
         assert (out / "benchmarks.png").stat().st_size > 0
 

@@ -109,6 +109,19 @@ def _machine(result: dict) -> str:
     return _md(["", ""], rows)
 
 
+def rounds_table(result: dict) -> str:
+    """Per-round medians (us) of the direct op, the roofline and an empty parallel region: a VM's
+    drift shows as rounds that step together between levels."""
+    rows = []
+    for r in result["workloads"]:
+        t = r.get("times_us", {})
+        if "parallel_region" not in t:
+            continue
+        for name in ("direct", "roofline", "parallel_region"):
+            rows.append([r["name"], name.replace("_", " "), ", ".join(f"{x:.3g}" for x in t[name]["round_medians_us"])])
+    return _md(["workload", "variant", "median of each round (us)"], rows) if rows else ""
+
+
 def write_markdown(result: dict, path: str, chart: str | None) -> None:
     """Write ``path`` (``benchmarks.md``): results, checks, machine, method and workloads."""
     parts = [
@@ -139,6 +152,12 @@ def write_markdown(result: dict, path: str, chart: str | None) -> None:
     ]
     if chart:
         parts.append(f"![stock vs direct vs mode vs roofline]({os.path.basename(chart)})")
+    rounds = rounds_table(result)
+    if rounds:
+        parts += ["## Rounds", "Each round times every variant once, in a rotated order. *parallel region*: "
+                  "one empty parallel region on every torch thread (`region_probe`, "
+                  "csrc/python_entry.cpp), what starting and joining the threads cost in that round.",
+                  rounds]
     parts += ["## Machine", _machine(result), "## Workloads",
               "\n".join(f"- `{r['name']}`: {r['description']}" for r in result["workloads"])]
     with open(path, "w") as f:

@@ -68,8 +68,9 @@ def variants(args) -> list[timing.Variant]:
     ``flat_direct``, this library's kernel on the roofline's two flat buffers, and
     ``copy_floor`` / ``direct_copy_floor``, the roofline / flat_direct copy followed by the pair
     touches in one timed statement (the touches then meet the metadata as a real call does, after
-    a copy has moved the bytes through the caches); for foreach lists also ``mode_front``, the
-    stock call under ``NpuFastCopyMode(front=True)``.
+    a copy has moved the bytes through the caches), and ``parallel_region``, one empty parallel
+    region on every torch thread (what starting and joining them costs in that round); for
+    foreach lists also ``mode_front``, the stock call under ``NpuFastCopyMode(front=True)``.
     ``DispatchArgs``: ``no_mode``, ``bare_mode`` (:class:`PassThroughMode`), ``mode``.
     """
     V = timing.Variant
@@ -94,8 +95,11 @@ def variants(args) -> list[timing.Variant]:
         bounds.append(V("null_mode", stock, g, NullMode))
         module = _native.module()
         if module is not None:
-            g.update(touch_pairs=module.touch_pairs, no_tensors=[])
+            g.update(touch_pairs=module.touch_pairs, no_tensors=[], region_probe=module.region_probe)
             bounds += [V("pair_floor", "touch_pairs(dsts, srcs)", g),
+                      # An empty parallel region: on a VM its cost moves between levels, and
+                      # every timing that spreads work over threads moves with it (per round).
+                      V("parallel_region", "region_probe()", g),
                       V("call_floor", "touch_pairs(no_tensors, no_tensors)", g),
                       V("flat_direct", "foreach_copy_([flat_dst], [flat_src])", g),
                       # The pair touches right after the bytes moved, as in a real call: the
