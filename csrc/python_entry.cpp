@@ -203,7 +203,7 @@ PyObject* foreach_copy_direct(PyObject* /*self*/, PyObject* const* args, Py_ssiz
   if (npu_dispatch::ShardedLane::wanted(n)) {
     // Checks split across threads; a call under the GIL threshold is copied in the same region.
     npu_dispatch::ShardedLane lane;
-    switch (lane.prepare(impls.data(), impls.data() + n, n, *caps, grad_check, kReleaseGilBytes, true)) {
+    switch (lane.prepare(impls.data(), impls.data() + n, n, *caps, grad_check, kReleaseGilBytes)) {
       case npu_dispatch::ShardedLane::Outcome::Refused:
         Py_RETURN_FALSE;
       case npu_dispatch::ShardedLane::Outcome::Copied:  // bumped too

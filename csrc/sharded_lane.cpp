@@ -139,9 +139,9 @@ void ShardedLane::join(size_t shares, size_t ok, Plan* p) const {
 
 ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* srcs,
                                           size_t n, const CapabilityTable& caps, bool grad_check,
-                                          int64_t max_region_bytes, bool bump) {
+                                          int64_t max_region_bytes) {
 #ifndef _OPENMP
-  (void)dsts, (void)srcs, (void)n, (void)caps, (void)grad_check, (void)max_region_bytes, (void)bump;
+  (void)dsts, (void)srcs, (void)n, (void)caps, (void)grad_check, (void)max_region_bytes;
   return Outcome::Refused;
 #else
   const int threads = at::get_num_threads();
@@ -232,22 +232,18 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
         // does pair by pair: no version moves before its destination's bytes are written.
         const auto& batch = lane.batch();
         batch.copy_bytes(0, batch.total_bytes());
-        if (bump) {
-          for (size_t i = b; i < e; ++i) dsts[i]->bump_version();
-        }
+        for (size_t i = b; i < e; ++i) dsts[i]->bump_version();
       } else {
         copy_share(p.offsets, p.bytes * t / nt, p.bytes * (t + 1) / nt);
-        if (bump) {
-          // Every thread wrote bytes of other threads' pairs: no version moves before all are.
+        // Every thread wrote bytes of other threads' pairs: no version moves before all are.
 #pragma omp barrier
-          if (p.runs == 0) {
-            for (size_t i = b; i < e; ++i) dsts[i]->bump_version();
-          } else {
-            // Coalesced runs are views of one base, sharing its counter: one thread bumps them
-            // all rather than two fighting over that counter's cache line.
+        if (p.runs == 0) {
+          for (size_t i = b; i < e; ++i) dsts[i]->bump_version();
+        } else {
+          // Coalesced runs are views of one base, sharing its counter: one thread bumps them
+          // all rather than two fighting over that counter's cache line.
 #pragma omp master
-            for (size_t i = 0; i < n; ++i) dsts[i]->bump_version();
-          }
+          for (size_t i = 0; i < n; ++i) dsts[i]->bump_version();
         }
       }
     }

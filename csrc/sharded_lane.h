@@ -1,4 +1,6 @@
-// The fast lane split across threads, for lists long enough to repay it. One OpenMP region:
+// The fast lane split across threads, for lists long enough to repay it, on the direct entry
+// (npu_dispatch.foreach_copy_ and NpuFastCopyMode's front; copy_call.cpp says why not below the
+// dispatcher). One OpenMP region:
 // each thread checks its share of the pairs (FastLane::prepare on pairs [b, e)), the shares'
 // spans are compared with each other, and, where the call is small enough to copy with the GIL
 // held, the threads copy its bytes split evenly between them. Per-pair work (reading and
@@ -32,13 +34,13 @@ class ShardedLane {
 
   enum class Outcome { Refused, Prepared, Copied };
   // Refused: nothing written, the planner decides. Prepared: every pair passed; the bytes are
-  // above `max_region_bytes`, so run() copies them (after the caller drops the GIL). Copied:
-  // done; counts() holds the count vector, and with `bump` every destination's version counter
-  // moved once, each after every byte of the call was written (the lane takes only destinations
-  // with a counter, so no bump can raise). Raises what FastLane::prepare raises for the first
-  // such pair, as it would.
+  // above `max_region_bytes`, so run() copies them (after the caller drops the GIL), and the
+  // caller bumps the versions. Copied: done, every destination's version counter moved once,
+  // each after its bytes were written (the lane takes only destinations with a counter, so no
+  // bump can raise); counts() holds the count vector. Raises what FastLane::prepare raises for
+  // the first such pair, as it would.
   Outcome prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* srcs, size_t n,
-                  const CapabilityTable& caps, bool grad_check, int64_t max_region_bytes, bool bump);
+                  const CapabilityTable& caps, bool grad_check, int64_t max_region_bytes);
   // Destination bytes (after Prepared or Copied).
   int64_t bytes() const { return bytes_; }
   // After Prepared: copies every pair (at::parallel_for over the destination bytes).

@@ -3,7 +3,9 @@
 Its contract is the fast lane's over the whole list, so each test holds it to stock (bits,
 versions, errors) and to what one lane would have done (the same calls refused, the same counts,
 the same error for the same pair). Lists here are past its 96-pair threshold and run with two
-threads; share boundaries fall at n * t / threads.
+threads; share boundaries fall at n * t / threads. The direct entry (``npu_dispatch.foreach_copy_``,
+``NpuFastCopyMode(front=True)``) takes the sharded lane; the op and the plain mode, below the
+dispatcher, take one thread's lane, and are held to stock on the same lists.
 """
 from __future__ import annotations
 
@@ -42,8 +44,10 @@ def sharded_calls() -> int:
     return _native.info()["sharded_lane_calls"]
 
 
-def mode_counts(dsts, srcs) -> dict:
-    mode = nd.NpuFastCopyMode()
+def mode_counts(dsts, srcs, front=False) -> dict:
+    # front=True: the mode's torch-function front hands plain lists to the direct entry (the
+    # sharded lane); without it the dispatcher path takes one thread's lane or the planner.
+    mode = nd.NpuFastCopyMode(front=front)
     with mode:
         torch._foreach_copy_(dsts, srcs)
     s = mode.stats.as_dict()
@@ -139,7 +143,7 @@ def test_boundary_runs_count_and_copy_as_one_lane(name):
     want = [torch.empty_like(d) for d in dsts]
     torch._foreach_copy_(want, srcs)
     before = sharded_calls()
-    got = mode_counts(dsts, srcs)
+    got = mode_counts(dsts, srcs, front=True)
     assert sharded_calls() == before + 1
     assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(want, dsts) if a.numel())
     assert got == python_planner_counts(make)
