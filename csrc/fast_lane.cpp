@@ -250,14 +250,16 @@ std::vector<int64_t> lane_counts(int64_t runs, int64_t run_tensors, int64_t coal
   return v;
 }
 
+KernelRanges::KernelRanges(bool coalesced, bool foreach) {
+  if (coalesced && coalesced_.isActive()) coalesced_.before("npu_dispatch::coalesced");
+  if (foreach && foreach_.isActive()) foreach_.before("npu_dispatch::foreach");
+  if (kernel_.isActive()) kernel_.before("npu_dispatch::cpu_kernel");
+}
+
 std::vector<int64_t> FastLane::run() {
   {
-    // The executor's profiler ranges (execute.cpp); here one kernel pass serves both paths.
-    at::RecordFunction coalesced(at::RecordScope::FUNCTION);
-    if (runs_ > 0 && coalesced.isActive()) coalesced.before("npu_dispatch::coalesced");
-    at::RecordFunction foreach_range(at::RecordScope::FUNCTION);
-    if (!groups_.empty() && foreach_range.isActive()) foreach_range.before("npu_dispatch::foreach");
-    RECORD_FUNCTION("npu_dispatch::cpu_kernel", std::vector<c10::IValue>());
+    // One kernel pass serves both of the executor's paths.
+    KernelRanges ranges(runs_ > 0, !groups_.empty());
     batch_.run();
   }
   count_lane_call();

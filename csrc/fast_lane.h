@@ -7,6 +7,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/record_function.h>
 
 #include <cstdint>
 #include <cstddef>
@@ -116,6 +117,18 @@ class FastLane {
   size_t first_pair_ = 0, stop_ = SIZE_MAX;
   int64_t runs_opened_ = 0;
   LaneRun run_, head_, tail_;  // run_: where the run being built starts
+};
+
+// The executor's profiler ranges around one kernel pass (execute.cpp names them the same):
+// coalesced runs, foreach groups, the kernel. Opened and closed on one thread.
+class KernelRanges {
+ public:
+  KernelRanges(bool coalesced, bool foreach);
+
+ private:
+  at::RecordFunction coalesced_{at::RecordScope::FUNCTION};
+  at::RecordFunction foreach_{at::RecordScope::FUNCTION};
+  at::RecordFunction kernel_{at::RecordScope::FUNCTION};
 };
 
 // The count vector (execute.h) of a lane call, and the lane-call counter both lanes move.

@@ -158,7 +158,7 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
   int team = 1;
   bool copy_here = false;
   // Profiler ranges, opened and closed on the calling thread (the master), around the copy.
-  std::optional<at::RecordFunction> rf_coalesced, rf_foreach, rf_kernel;
+  std::optional<KernelRanges> ranges;
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num();
@@ -218,12 +218,7 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
 #pragma omp master
       try {
         copy_here = true;
-        rf_coalesced.emplace(at::RecordScope::FUNCTION);
-        if (p.runs > 0 && rf_coalesced->isActive()) rf_coalesced->before("npu_dispatch::coalesced");
-        rf_foreach.emplace(at::RecordScope::FUNCTION);
-        if (!p.groups.empty() && rf_foreach->isActive()) rf_foreach->before("npu_dispatch::foreach");
-        rf_kernel.emplace(at::RecordScope::FUNCTION);
-        if (rf_kernel->isActive()) rf_kernel->before("npu_dispatch::cpu_kernel");
+        ranges.emplace(p.runs > 0, !p.groups.empty());
       } catch (...) {
         // Profiler ranges only: the copy goes on without them.
       }
@@ -248,9 +243,7 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
       }
     }
   }
-  rf_kernel.reset();
-  rf_foreach.reset();
-  rf_coalesced.reset();
+  ranges.reset();
   shares_.resize(team);
   Plan& plan = plans[0];  // the master's
   runs_ = plan.runs;
@@ -298,11 +291,7 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
 
 std::vector<int64_t> ShardedLane::run() {
   {
-    at::RecordFunction coalesced(at::RecordScope::FUNCTION);
-    if (runs_ > 0 && coalesced.isActive()) coalesced.before("npu_dispatch::coalesced");
-    at::RecordFunction foreach_range(at::RecordScope::FUNCTION);
-    if (!groups_.empty() && foreach_range.isActive()) foreach_range.before("npu_dispatch::foreach");
-    RECORD_FUNCTION("npu_dispatch::cpu_kernel", std::vector<c10::IValue>());
+    KernelRanges ranges(runs_ > 0, !groups_.empty());
     at::parallel_for(0, bytes_, kGrainBytes, [this](int64_t b, int64_t e) { copy_share(offsets_, b, e); });
   }
   int64_t items = 0;

@@ -186,6 +186,41 @@ def run(case: Case, fn) -> dict:
     }
 
 
+def mode_paths(make, *, front: bool = False, python: bool = False) -> tuple[dict, dict]:
+    """(paths, fallback reasons) of ``NpuFastCopyMode(front=front)``'s stats for one
+    ``torch._foreach_copy_(*make())``; ``python``: with the Python planner (the spec the C++ side
+    mirrors). A call that raises counts what it did before raising."""
+    from npu_dispatch import _native
+
+    planned = _native.planned_op
+    if python:
+        _native.planned_op = lambda: None
+    try:
+        mode = nd.NpuFastCopyMode(front=front)
+        with mode:
+            dsts, srcs = make()
+            try:
+                torch._foreach_copy_(dsts, srcs)
+            except RuntimeError:
+                pass
+        s = mode.stats.as_dict()
+        return s["paths"], s["fallback_reasons"]
+    finally:
+        _native.planned_op = planned
+
+
+def assert_stock_error(make, entry, text: str) -> None:
+    """``entry(*make())`` raises the RuntimeError ``stock_copy(*make())`` raises, containing ``text``."""
+    import pytest
+
+    errors = []
+    for fn in (stock_copy, entry):
+        with pytest.raises(RuntimeError) as info:
+            fn(*make())
+        errors.append(str(info.value))
+    assert errors[0] == errors[1] and text in errors[0]
+
+
 def assert_same(stock: dict, ours: dict) -> None:
     assert ours["error"] == stock["error"]
     assert len(ours["storages"]) == len(stock["storages"])

@@ -20,7 +20,8 @@ from hypothesis import given, settings
 
 import npu_dispatch as nd
 from npu_dispatch import _native
-from cases import assert_same, build, direct_copy, lane_calls, lane_cases, mode_copy, op_copy, run, stock_copy, storage_bytes
+from cases import (assert_same, assert_stock_error, build, direct_copy, lane_calls, lane_cases, mode_copy, mode_paths,
+                   op_copy, run, stock_copy, storage_bytes)
 
 if not _native.available():
     if os.environ.get("NPU_DISPATCH_REQUIRE_NATIVE") == "1":
@@ -44,25 +45,6 @@ def sharded_calls() -> int:
     return _native.info()["sharded_lane_calls"]
 
 
-def mode_counts(dsts, srcs, front=False) -> dict:
-    # front=True: the mode's torch-function front hands plain lists to the direct entry (the
-    # sharded lane); without it the dispatcher path takes one thread's lane or the planner.
-    mode = nd.NpuFastCopyMode(front=front)
-    with mode:
-        torch._foreach_copy_(dsts, srcs)
-    s = mode.stats.as_dict()
-    return {"paths": s["paths"], "reasons": s["fallback_reasons"]}
-
-
-def python_planner_counts(make) -> dict:
-    planned = _native.planned_op
-    _native.planned_op = lambda: None  # the Python planner: the spec the C++ side mirrors
-    try:
-        return mode_counts(*make())
-    finally:
-        _native.planned_op = planned
-
-
 @settings(max_examples=50, deadline=None)
 @given(lane_cases(min_len=96, max_len=240))
 def test_long_lists_match_stock_through_every_entry(c):
@@ -74,24 +56,9 @@ def test_long_lists_match_stock_through_every_entry(c):
 @settings(max_examples=40, deadline=None)
 @given(lane_cases(min_len=96, max_len=240))
 def test_long_lists_count_what_the_python_planner_counts(c):
-    def counted(python):
-        planned = _native.planned_op
-        if python:
-            _native.planned_op = lambda: None
-        try:
-            dsts, srcs, _ = build(c)
-            mode = nd.NpuFastCopyMode()
-            with mode:
-                try:
-                    torch._foreach_copy_(dsts, srcs)
-                except RuntimeError:
-                    pass
-            s = mode.stats.as_dict()
-            return s["paths"], s["fallback_reasons"]
-        finally:
-            _native.planned_op = planned
-
-    assert counted(False) == counted(True)
+    # The front hands plain lists to the direct entry: the sharded lane, where it takes them.
+    make = lambda: build(c)[:2]
+    assert mode_paths(make, front=True) == mode_paths(make, python=True)
 
 
 def separate(n=N, numel=lambda i: 8 + i % 5, sdt=f32, ddt=f32):
@@ -143,10 +110,11 @@ def test_boundary_runs_count_and_copy_as_one_lane(name):
     want = [torch.empty_like(d) for d in dsts]
     torch._foreach_copy_(want, srcs)
     before = sharded_calls()
-    got = mode_counts(dsts, srcs, front=True)
+    # The front hands the lists to the direct entry (the sharded lane) and counts in the mode.
+    got = mode_paths(lambda: (dsts, srcs), front=True)
     assert sharded_calls() == before + 1
     assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(want, dsts) if a.numel())
-    assert got == python_planner_counts(make)
+    assert got == mode_paths(make, python=True)
 
 
 def test_one_thread_takes_the_one_lane():
@@ -263,12 +231,7 @@ def test_a_forbidden_write_in_the_second_share_raises_stocks_error(entry, where)
             dsts[120] = other
         return dsts, srcs
 
-    errors = []
-    for fn in (stock_copy, entry):
-        with pytest.raises(RuntimeError) as info:
-            fn(*make())
-        errors.append(str(info.value))
-    assert errors[0] == errors[1] and "Cannot access data pointer" in errors[0]
+    assert_stock_error(make, entry, "Cannot access data pointer")
 
 
 def test_the_lane_writes_nothing_before_raising_for_a_forbidden_write():
