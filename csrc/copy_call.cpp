@@ -49,8 +49,8 @@ std::vector<int64_t> plan_and_run(at::TensorList dsts, at::TensorList srcs, bool
     const auto caps = current_capabilities();
     // One thread's lane, even for long lists: calls through the dispatcher carry a hundred
     // microseconds of boxing and Python around the copy, and there the sharded lane's threads
-    // cost more than they save (tiny_many under NpuFastCopyMode: 138 us with one thread's lane,
-    // 141 us with its copy split across threads, 144 us sharded; the direct op: 21, 17, 13 us).
+    // never gained (tiny_many under NpuFastCopyMode: 140.6 us with one thread's lane, 143.6 and
+    // 144.1 us sharded, in alternating processes; the direct op: 16.5 against 13 us).
     FastLane lane;
     if (lane.prepare(dsts, srcs, *caps)) {
       counts = lane.run();  // all pairs fast: nothing for strict to block

@@ -69,7 +69,7 @@ void ShardedLane::copy_share(const std::vector<int64_t>& offsets, int64_t begin,
   }
 }
 
-void ShardedLane::join(size_t shares, size_t ok, Plan* p) const {
+void ShardedLane::join(size_t shares, size_t passed, Plan* p) const {
   // Within the capacity reserved before the region (no allocation, so no thread can fail where
   // another goes on); a list of more dtype pairs than that goes to the planner.
   auto group = [&](uint16_t dtypes) -> FastLane::Group& {
@@ -95,7 +95,7 @@ void ShardedLane::join(size_t shares, size_t ok, Plan* p) const {
       g.bytes += sign * r.bytes;
     }
   };
-  for (size_t s = 0; s < ok; ++s) {
+  for (size_t s = 0; s < passed; ++s) {
     const FastLane& l = shares_[s].lane;
     p->runs += l.coalesced_runs();
     p->tensors += l.coalesced_tensors();
@@ -109,7 +109,7 @@ void ShardedLane::join(size_t shares, size_t ok, Plan* p) const {
   }
   bool have = false;  // `carried`: the last run so far, as counted
   LaneRun carried;
-  for (size_t s = 0; s < shares && s <= ok; ++s) {
+  for (size_t s = 0; s < shares && s <= passed; ++s) {
     const FastLane& l = shares_[s].lane;
     if (l.runs_opened() == 0) continue;  // only empty pairs: the run before goes on
     const LaneRun& h = l.head();
@@ -119,7 +119,7 @@ void ShardedLane::join(size_t shares, size_t ok, Plan* p) const {
         p->refused_at = h.first_pair;
         return;
       }
-      if (s == ok) return;
+      if (s == passed) return;
       LaneRun joined = carried;
       joined.len += h.len;
       joined.bytes += h.bytes;
@@ -130,7 +130,7 @@ void ShardedLane::join(size_t shares, size_t ok, Plan* p) const {
       add(joined, 1);
       carried = l.runs_opened() == 1 ? joined : l.tail();
     } else {
-      if (s == ok) return;
+      if (s == passed) return;
       carried = l.tail();
     }
     have = true;
@@ -184,10 +184,14 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
     // Every thread reaches the same decision from the shares' results (cheaper here than a
     // second barrier to share one thread's).
     Plan& p = plans[t];
-    size_t ok = 0;
-    while (ok < static_cast<size_t>(nt) && results[ok].ok) ++ok;
-    join(static_cast<size_t>(nt), ok, &p);
-    if (ok == static_cast<size_t>(nt) && p.refused_at == SIZE_MAX && !p.too_many_groups) {
+    // Shares before `passed` passed every pair (their spans may still have met inside them: one
+    // lane finds that only after its last pair, so the boundaries after them still count).
+    size_t passed = 0;
+    while (passed < static_cast<size_t>(nt) && results[passed].stop == SIZE_MAX) ++passed;
+    bool all_ok = true;
+    for (int u = 0; u < nt; ++u) all_ok = all_ok && results[u].ok;
+    join(static_cast<size_t>(nt), passed, &p);
+    if (all_ok && p.refused_at == SIZE_MAX && !p.too_many_groups) {
       // Each share's own spans were compared inside it; here each share's sources and
       // destinations meet the other shares' destinations.
       for (int u = 0; u < nt && !p.meets; ++u) {
@@ -218,7 +222,9 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
 #pragma omp master
       try {
         copy_here = true;
-        ranges.emplace(p.runs > 0, !p.groups.empty());
+        bool singles = false;  // a group a join emptied opens no range, as in one lane
+        for (const auto& g : p.groups) singles = singles || g.tensors > 0;
+        ranges.emplace(p.runs > 0, singles);
       } catch (...) {
         // Profiler ranges only: the copy goes on without them.
       }
@@ -268,7 +274,10 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
     event = plan.refused_at;
     error = nullptr;
   }
-  const size_t cut = event == SIZE_MAX ? n : event + 1;
+  // A refused call goes on to the planner, which reaches the later pairs too; a TORCH_WARN_ONCE
+  // a worker met there is spent already, so it is issued now rather than lost. An error ends the
+  // call where one lane would have: nothing past it.
+  const size_t cut = error ? event + 1 : n;
   for (int u = 0; u < team; ++u) {
     for (const auto& w : results[u].warnings) {
       if (w.first < cut) c10::warn(w.second);

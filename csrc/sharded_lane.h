@@ -8,8 +8,11 @@
 // all before while the other waited for the copy.
 //
 // Same outcome as one FastLane over the whole list: the same calls refused, the same error
-// raised (on the calling thread) for the same pair, the same warnings issued in pair order, the
-// same count vector. Nothing is written unless every pair passes.
+// raised (on the calling thread) for the same pair, the same count vector, warnings issued in
+// pair order. Nothing is written unless every pair passes. One difference: the shares check
+// pairs one lane would not have reached, and a warning one of them issues there (a
+// TORCH_WARN_ONCE of StorageImpl::mutable_data) comes out with a refused call, where one lane
+// leaves it to the planner that serves the call next; with an error it is dropped.
 #pragma once
 
 #include <c10/core/TensorImpl.h>
@@ -62,9 +65,10 @@ class ShardedLane {
   };
   // Joins runs that meet at share boundaries, as one lane would have built them, into `p`'s
   // counts; sets `refused_at` where such a join crosses storages (one lane refuses that pair).
-  // Shares [0, ok) passed; share `ok` (if below `shares`) stopped: only the boundary before it
-  // is tested.
-  void join(size_t shares, size_t ok, Plan* p) const;
+  // Shares [0, passed) passed every pair; share `passed` (if below `shares`) stopped at one:
+  // only the boundary before it is tested. The counts mean something only when every share
+  // passed.
+  void join(size_t shares, size_t passed, Plan* p) const;
   // Copies destination bytes [begin, end) of the shares laid end to end at `offsets`.
   void copy_share(const std::vector<int64_t>& offsets, int64_t begin, int64_t end) const;
 

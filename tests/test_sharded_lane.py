@@ -33,11 +33,12 @@ ENTRIES = [direct_copy, op_copy, mode_copy]
 N = 200  # two shares of 100 pairs with two threads
 
 
-@pytest.fixture(autouse=True)
-def two_threads():
+@pytest.fixture(autouse=True, params=[2, 3], ids=["2_threads", "3_threads"])
+def threads(request):
+    # Three shares: a run or an empty share chained across two boundaries.
     old = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
+    torch.set_num_threads(request.param)
+    yield request.param
     torch.set_num_threads(old)
 
 
@@ -95,6 +96,7 @@ BOUNDARY = {
         a + b for a, b in zip(separate(99), split([4] * 101))),
     "empties_across": lambda: split([0 if 90 <= i < 120 else 3 for i in range(N)]),
     "second_share_all_empty": lambda: split([4] * 100 + [0] * 100),
+    "empty_middle_share_chain": lambda: split([4] * 67 + [0] * 66 + [4] * 67),
     "dtype_change_at_boundary": lambda: tuple(
         a + b for a, b in zip(split([6] * 100), split([6] * 100, f32, bf16))),
     "cast_run_across": lambda: split([7 + i % 3 for i in range(N)], f32, bf16),
@@ -136,25 +138,55 @@ def _numpy_backed(n_first, n_second, numel, dtype):
 
 @pytest.mark.parametrize("side", ["dst", "src", "both"])
 def test_runs_meeting_across_storages_at_the_boundary_are_refused_as_one_lane_refuses(side):
-    np_dsts, _ = _numpy_backed(100, 100, 4, f32)
-    np_srcs, src_buf = _numpy_backed(100, 100, 4, f32)
-    src_buf[:] = np.arange(src_buf.size, dtype=np.float32)
-    plain_dsts = list(torch.zeros(800).split(4))
-    plain_srcs = list(torch.arange(800, dtype=f32).split(4))
-    dsts = np_dsts if side in ("dst", "both") else plain_dsts
-    srcs = np_srcs if side in ("src", "both") else plain_srcs
-    before = [d.clone() for d in dsts]
+    def make():
+        np_dsts, _ = _numpy_backed(100, 100, 4, f32)
+        np_srcs, src_buf = _numpy_backed(100, 100, 4, f32)
+        src_buf[:] = np.arange(src_buf.size, dtype=np.float32)
+        dsts = np_dsts if side in ("dst", "both") else list(torch.zeros(800).split(4))
+        srcs = np_srcs if side in ("src", "both") else list(torch.arange(800, dtype=f32).split(4))
+        return dsts, srcs
+
+    # One lane stops at pair 100 (a run would cross storages): nothing written, the planner next.
+    dsts, srcs = make()
     lanes = lane_calls()
-    if side == "both":
-        # One lane stops at pair 100 (a run would cross storages): nothing written, planner.
-        assert _native.direct_op()(dsts, srcs, False) is False
-        assert all(torch.equal(a, b) for a, b in zip(before, dsts))
-        assert lane_calls() == lanes
-    ref = [torch.empty_like(d) for d in dsts]
-    torch._foreach_copy_(ref, srcs)
-    nd.foreach_copy_(dsts, srcs)
-    assert all(torch.equal(a, b) for a, b in zip(ref, dsts))
-    assert [d._version for d in dsts][:1] != [0]
+    assert _native.direct_op()(dsts, srcs, False) is False
+    assert not any(d.any() for d in dsts) and lane_calls() == lanes
+
+    def outcome(fn):
+        dsts, srcs = make()
+        fn(dsts, srcs)
+        return [d.clone() for d in dsts], [d._version for d in dsts]
+
+    want, got = outcome(stock_copy), outcome(direct_copy)
+    assert all(torch.equal(a, b) for a, b in zip(want[0], got[0])) and want[1] == got[1]
+
+
+def test_an_overlap_inside_a_share_does_not_hide_a_later_refused_join():
+    # One lane meets pair 100 (a run crossing storages) before it compares any spans, so it
+    # refuses; the overlap inside the first share (srcs[10] is dsts[20]) and the forbidden write
+    # at pair 150 are then the planner's, which raises stock's error.
+    def make():
+        dsts, _ = _numpy_backed(100, 100, 4, f32)
+        srcs, buf = _numpy_backed(100, 100, 4, f32)
+        buf[:] = np.arange(buf.size, dtype=np.float32)
+        srcs[10] = dsts[20]
+        bad = torch.zeros(4)
+        torch._C._set_throw_on_mutable_data_ptr(bad)
+        dsts[150] = bad
+        return dsts, srcs
+
+    assert _native.direct_op()(*make(), False) is False
+
+    def outcome(fn, threads):
+        torch.set_num_threads(threads)
+        dsts, srcs = make()
+        with pytest.raises(RuntimeError) as info:
+            fn(dsts, srcs)
+        return str(info.value), [d.clone() for d in dsts], [d._version for d in dsts]
+
+    one, many = outcome(direct_copy, 1), outcome(direct_copy, 2)
+    assert one[0] == many[0] == outcome(stock_copy, 2)[0]
+    assert all(torch.equal(a, b) for a, b in zip(one[1], many[1])) and one[2] == many[2]
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=lambda f: f.__name__)
@@ -182,6 +214,8 @@ def test_a_refused_join_then_a_forbidden_write_raises_as_one_lane(entry):
     one, two = outcome(entry, 1), outcome(entry, 2)
     assert want[0] == one[0] == two[0]
     assert all(torch.equal(a, b) for a, b in zip(one[1], two[1])) and one[2] == two[2]
+    torch.set_num_threads(2)
+    assert _native.direct_op()(*make(), False) is False  # refused at pair 100, not raised at 150
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=lambda f: f.__name__)
@@ -267,23 +301,58 @@ def test_a_warning_from_the_second_share_reaches_pythons_warnings():
     assert "deprecated" not in out.stderr
 
 
+_WARN_PAST_A_STOP = """
+import warnings, torch, npu_dispatch as nd
+torch.set_num_threads(2)
+dsts = [torch.zeros(4) for _ in range(200)]
+srcs = [torch.ones(4) for _ in range(200)]
+torch._C._set_warn_deprecated_on_mutable_data_ptr(dsts[150])
+if "{stop}" == "refusal":
+    srcs[20] = torch.ones(4, 2)[:, 0]  # one lane refuses here; the planner serves the call
+else:
+    torch._C._set_throw_on_mutable_data_ptr(dsts[20])  # one lane raises here
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    try:
+        nd.foreach_copy_(dsts, srcs)
+        error = None
+    except RuntimeError as e:
+        error = str(e)[:26]
+print(error, [str(x.message)[:24] for x in w])
+"""
+
+
+@pytest.mark.parametrize("stop, want", [
+    # Stock warns once, at pair 150, and so does the planner that serves a refused call; the
+    # warning a worker met there (a TORCH_WARN_ONCE, spent) comes out with the refusal.
+    ("refusal", "None ['Accessing the data point']"),
+    # Stock, and one lane, raise at pair 20 and never reach pair 150.
+    ("error", "Cannot access data pointer []"),
+])
+def test_a_warning_past_where_one_lane_stops(stop, want):
+    out = subprocess.run([sys.executable, "-c", _WARN_PAST_A_STOP.replace("{stop}", stop)],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[0] == want
+    assert "deprecated" not in out.stderr
+
+
 def test_fbgemm_chunks_follow_the_calling_threads_count():
     # A pair past GRAIN_SIZE splits into one FBGEMM call per thread under stock, each chunk with
     # its own scalar tail (which writes every NaN as 0x7fffffff). Its chunks are planned on a
     # worker thread here, which must still split as the calling thread's copy_ would.
-    n = 70_001  # two chunks of 35_001: the scalar tail of the first ends at element 35_000
-    big = torch.zeros(n, dtype=torch.int16)
-    big[35_000] = 0x7D01  # a signalling NaN
-    big[70_000] = 0x7E01
-    srcs = [big.view(f16)] + [torch.full((8,), 0.5, dtype=f16) for _ in range(120)]
-    dsts = [torch.zeros(n)] + [torch.zeros(8) for _ in range(120)]
+    n = 70_001  # one chunk per thread, each length not a multiple of 8: a scalar tail each
+    big = torch.full((n,), 0x7D01, dtype=torch.int16)  # every element a signalling NaN
+    # The big pair last: in the last share, planned on a worker thread.
+    srcs = [torch.full((8,), 0.5, dtype=f16) for _ in range(120)] + [big.view(f16)]
+    dsts = [torch.zeros(8) for _ in range(120)] + [torch.zeros(n)]
     want = [torch.empty_like(d) for d in dsts]
     torch._foreach_copy_(want, srcs)
     before = sharded_calls()
     nd.foreach_copy_(dsts, srcs)
     assert sharded_calls() == before + 1
     assert all(torch.equal(a.view(i32), b.view(i32)) for a, b in zip(want, dsts))
-    assert want[0].view(i32)[35_000].item() == 0x7FFFFFFF
+    tails = (want[-1].view(i32) == 0x7FFFFFFF).sum().item()
+    assert 0 < tails < n  # the scalar tails' NaN, and the vector path's elsewhere
 
 
 def test_calls_above_the_gil_threshold_copy_after_the_region():
