@@ -187,7 +187,9 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
     // Shares before `passed` passed every pair (their spans may still have met inside them: one
     // lane finds that only after its last pair, so the boundaries after them still count).
     size_t passed = 0;
-    while (passed < static_cast<size_t>(nt) && results[passed].stop == SIZE_MAX) ++passed;
+    while (passed < static_cast<size_t>(nt) && results[passed].stop == SIZE_MAX && !results[passed].error) {
+      ++passed;
+    }
     bool all_ok = true;
     for (int u = 0; u < nt; ++u) all_ok = all_ok && results[u].ok;
     join(static_cast<size_t>(nt), passed, &p);
@@ -257,6 +259,9 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
   coalesced_bytes_ = plan.coalesced_bytes;
   empty_ = plan.empty;
   groups_ = std::move(plan.groups);
+  // A group a join emptied: one lane never had it (its profiler range, run()).
+  groups_.erase(std::remove_if(groups_.begin(), groups_.end(), [](const FastLane::Group& g) { return g.tensors == 0; }),
+                groups_.end());
   offsets_ = std::move(plan.offsets);
   bytes_ = plan.bytes;
 
@@ -274,14 +279,11 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
     event = plan.refused_at;
     error = nullptr;
   }
-  // A refused call goes on to the planner, which reaches the later pairs too; a TORCH_WARN_ONCE
-  // a worker met there is spent already, so it is issued now rather than lost. An error ends the
-  // call where one lane would have: nothing past it.
-  const size_t cut = error ? event + 1 : n;
+  // Every warning the shares met, in pair order. The only one they can meet is StorageImpl's
+  // TORCH_WARN_ONCE on a flagged destination, and its once is spent wherever a share met it:
+  // dropped here (at a pair past where one lane stops), it would be lost to the process.
   for (int u = 0; u < team; ++u) {
-    for (const auto& w : results[u].warnings) {
-      if (w.first < cut) c10::warn(w.second);
-    }
+    for (const auto& w : results[u].warnings) c10::warn(w.second);
   }
   if (error) std::rethrow_exception(error);
   if (event != SIZE_MAX) return Outcome::Refused;

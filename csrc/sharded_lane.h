@@ -10,9 +10,10 @@
 // Same outcome as one FastLane over the whole list: the same calls refused, the same error
 // raised (on the calling thread) for the same pair, the same count vector, warnings issued in
 // pair order. Nothing is written unless every pair passes. One difference: the shares check
-// pairs one lane would not have reached, and a warning one of them issues there (a
-// TORCH_WARN_ONCE of StorageImpl::mutable_data) comes out with a refused call, where one lane
-// leaves it to the planner that serves the call next; with an error it is dropped.
+// pairs one lane would not have reached, and StorageImpl::mutable_data's warning on a flagged
+// destination (a TORCH_WARN_ONCE, the only warning the checks can meet) met there comes out with
+// this call, where stock issues it when a call first reaches that pair (maybe never); dropping it
+// would lose it to the process, its once spent on the worker.
 #pragma once
 
 #include <c10/core/TensorImpl.h>

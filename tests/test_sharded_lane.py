@@ -309,8 +309,11 @@ srcs = [torch.ones(4) for _ in range(200)]
 torch._C._set_warn_deprecated_on_mutable_data_ptr(dsts[150])
 if "{stop}" == "refusal":
     srcs[20] = torch.ones(4, 2)[:, 0]  # one lane refuses here; the planner serves the call
-else:
+elif "{stop}" == "error":
     torch._C._set_throw_on_mutable_data_ptr(dsts[20])  # one lane raises here
+else:  # one lane warns at pair 98, then raises at 99; a worker may spend the once at 150 first
+    torch._C._set_warn_deprecated_on_mutable_data_ptr(dsts[98])
+    torch._C._set_throw_on_mutable_data_ptr(dsts[99])
 with warnings.catch_warnings(record=True) as w:
     warnings.simplefilter("always")
     try:
@@ -326,8 +329,11 @@ print(error, [str(x.message)[:24] for x in w])
     # Stock warns once, at pair 150, and so does the planner that serves a refused call; the
     # warning a worker met there (a TORCH_WARN_ONCE, spent) comes out with the refusal.
     ("refusal", "None ['Accessing the data point']"),
-    # Stock, and one lane, raise at pair 20 and never reach pair 150.
-    ("error", "Cannot access data pointer []"),
+    # Stock, and one lane, raise at pair 20 and never reach pair 150; the worker did, and its
+    # once is spent: the warning comes out with the error rather than never (csrc/sharded_lane.h).
+    ("error", "Cannot access data pointer ['Accessing the data point']"),
+    # Stock and one lane: the warning at pair 98, then the error at 99.
+    ("warned_then_error", "Cannot access data pointer ['Accessing the data point']"),
 ])
 def test_a_warning_past_where_one_lane_stops(stop, want):
     out = subprocess.run([sys.executable, "-c", _WARN_PAST_A_STOP.replace("{stop}", stop)],
@@ -379,6 +385,31 @@ def test_versions_move_once_per_destination_as_stock(views):
     assert [d._version for d in dsts] == [2 * N if views else 2] * N
     if views:
         assert base._version == 2 * N
+
+
+@pytest.mark.parametrize("numel", [16, 4000], ids=["in_region", "above_the_gil_threshold"])
+def test_profiler_ranges_are_one_lanes(threads, numel):
+    # Runs 0..98 and 101..199 of one buffer with a gap on each side of pairs 99 and 100: one lane
+    # makes 99-100 a run too; shares split there and join it back, emptying the group of singles.
+    def make():
+        sizes = [numel] * 200
+        offsets, off = [], 0
+        for k in range(200):
+            off += 1 if k in (99, 101) else 0  # the gaps
+            offsets.append(off)
+            off += numel
+        dst_buf, src_buf = torch.zeros(off), torch.arange(off, dtype=f32)
+        return ([dst_buf[o:o + n] for o, n in zip(offsets, sizes)],
+                [src_buf[o:o + n] for o, n in zip(offsets, sizes)])
+
+    def names(n_threads):
+        torch.set_num_threads(n_threads)
+        dsts, srcs = make()
+        with torch.profiler.profile() as prof:
+            nd.foreach_copy_(dsts, srcs)
+        return sorted(e.name for e in prof.events() if e.name.startswith("npu_dispatch::"))
+
+    assert names(threads) == names(1) == ["npu_dispatch::coalesced", "npu_dispatch::cpu_kernel"]
 
 
 def test_profiler_sees_the_kernel_ranges():
