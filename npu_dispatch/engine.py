@@ -129,9 +129,22 @@ def _bump(dsts, srcs) -> None:
                     _set_versions((d,), (d._version + 1,))
 
 
+# Whole-stock reasons that stock's per-pair route (a copy_ loop) serves.
+_PER_PAIR_ROUTE = ("aliasing", "may_raise", "meta", "order_dependent", "whole_list_route")
+
+
 def _stock(p: _plan.Plan, dsts, srcs, non_blocking: bool, bump: bool) -> None:
     """A whole-stock plan, bumping version counters as stock does (see plan.py)."""
-    if p.stock_reason[0] in ("aliasing", "may_raise", "meta", "order_dependent", "whole_list_route"):
+    if p.stock_reason[0] in _PER_PAIR_ROUTE and bump and not torch._C._dispatch_tls_is_dispatch_key_excluded(
+            _AD_INPLACE_OR_VIEW):
+        # Called above ADInplaceOrView (_python_path leaves it on for this): each copy_ bumps, and
+        # raises for a destination without a counter, as the copy_ calls of stock's loop do.
+        # Stock's bits for a 0-dim conversion depend on how the copies before it were
+        # dispatched: issued below ADInplaceOrView they differ (order_dependent, plan.py).
+        for d, s in zip(dsts, srcs):
+            d.copy_(s, non_blocking=non_blocking)
+        return
+    if p.stock_reason[0] in _PER_PAIR_ROUTE:
         # Stock's per-pair route (CPU's kernel; CUDA's for lists it does not batch): a copy_ loop;
         # an error leaves the earlier pairs written and bumped.
         outside_inference = not torch.is_inference_mode_enabled()
@@ -317,8 +330,12 @@ def _python_path(dsts, srcs, non_blocking, op, strict, verify, bump) -> tuple[di
         counts = _execute(p, dsts, srcs, non_blocking, bump, self_bumped)
 
     # Below ADInplaceOrView, the copies issued here bump no version counter; the one bump per
-    # listed destination that stock's in-place kernel makes is done once, by foreach_copy.
-    with _inside(), torch._C._AutoDispatchBelowADInplaceOrView():
+    # listed destination that stock's in-place kernel makes is done once, by foreach_copy. Stock's
+    # per-pair route, where stock bumps, runs its copy_ calls above it, as stock's kernel does
+    # (_stock).
+    per_pair = p.stock_reason is not None and p.stock_reason[0] in _PER_PAIR_ROUTE and bump
+    below = contextlib.nullcontext() if per_pair else torch._C._AutoDispatchBelowADInplaceOrView()
+    with _inside(), below:
         if verify and p.stock_reason is None and not _plan.whole_list_call(dsts, srcs):
             _verify(p, dsts, srcs, non_blocking, run)
         else:
