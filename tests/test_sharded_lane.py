@@ -128,6 +128,15 @@ def test_one_thread_takes_the_one_lane():
     assert all(torch.equal(d, s) for d, s in zip(dsts, srcs))
 
 
+def raised(make, fn, threads):
+    """(message, destinations, versions) after ``fn(*make())`` raised with ``threads`` threads."""
+    torch.set_num_threads(threads)
+    dsts, srcs = make()
+    with pytest.raises(RuntimeError) as info:
+        fn(dsts, srcs)
+    return str(info.value), [d.clone() for d in dsts], [d._version for d in dsts]
+
+
 def _numpy_backed(n_first, n_second, numel, dtype):
     # Two storages side by side in memory (one numpy buffer, two from_numpy tensors).
     buf = np.zeros((n_first + n_second) * numel, dtype=np.float32)
@@ -178,11 +187,7 @@ def test_an_overlap_inside_a_share_does_not_hide_a_later_refused_join():
     assert _native.direct_op()(*make(), False) is False
 
     def outcome(fn, threads):
-        torch.set_num_threads(threads)
-        dsts, srcs = make()
-        with pytest.raises(RuntimeError) as info:
-            fn(dsts, srcs)
-        return str(info.value), [d.clone() for d in dsts], [d._version for d in dsts]
+        return raised(make, fn, threads)
 
     one, many = outcome(direct_copy, 1), outcome(direct_copy, 2)
     assert one[0] == many[0] == outcome(stock_copy, 2)[0]
@@ -204,11 +209,7 @@ def test_a_refused_join_then_a_forbidden_write_raises_as_one_lane(entry):
         return dsts, srcs
 
     def outcome(fn, threads):
-        torch.set_num_threads(threads)
-        dsts, srcs = make()
-        with pytest.raises(RuntimeError) as info:
-            fn(dsts, srcs)
-        return str(info.value), [d.clone() for d in dsts], [d._version for d in dsts]
+        return raised(make, fn, threads)
 
     want = outcome(stock_copy, 2)
     one, two = outcome(entry, 1), outcome(entry, 2)
