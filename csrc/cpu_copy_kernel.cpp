@@ -21,8 +21,6 @@ namespace npu_dispatch {
 namespace {
 
 constexpr int kOps = static_cast<int>(CopyOp::Count);
-// Destination bytes one thread takes at least; about ATen's GRAIN_SIZE elements of a 2-byte type.
-constexpr int64_t kGrainBytes = 64 * 1024;
 // Bytes read plus written at or below which a pass runs on the calling thread: ATen's copy_
 // goes parallel above GRAIN_SIZE elements (32768 fp32 read and written: 256 KB). Measured on
 // the 2-core CI machine with the lane (tiny_many 327 KB, adjacent 457 KB, small_many 914 KB):
@@ -270,7 +268,7 @@ void CpuCopyBatch::run() {
   if (moved_ <= kParallelMovedBytes) {
     copy_bytes(0, total_);
   } else {
-    at::parallel_for(0, total_, kGrainBytes, [this](int64_t b, int64_t e) { copy_bytes(b, e); });
+    at::parallel_for(0, total_, kCopyGrainBytes, [this](int64_t b, int64_t e) { copy_bytes(b, e); });
   }
   count_pass(static_cast<int64_t>(items_.size()), total_);
   items_.clear();

@@ -21,6 +21,10 @@ struct WorkItem {
 
 struct KernelConfig;
 
+// Destination bytes one thread takes at least when a pass splits across threads; about ATen's
+// GRAIN_SIZE elements of a 2-byte type.
+constexpr int64_t kCopyGrainBytes = 64 * 1024;
+
 class CpuCopyBatch {
  public:
   // Uses the configuration the self-check published (none yet: only same-dtype byte copies).
@@ -61,7 +65,6 @@ class CpuCopyBatch {
   // split of [0, total_bytes()), then count_pass() once. The work list must not change between.
   void finish();
   int64_t total_bytes() const { return total_; }  // destination bytes
-  int64_t moved_bytes() const { return moved_; }  // read plus written
   void copy_bytes(int64_t begin, int64_t end) const;
   static void count_pass(int64_t items, int64_t bytes);
 

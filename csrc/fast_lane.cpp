@@ -64,8 +64,6 @@ bool FastLane::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* src
   dst_spans_.reserve(n);
   src_spans_.reserve(n);
   batch_.reserve(n);
-  const c10::StorageImpl* run_dst_storage = nullptr;
-  const c10::StorageImpl* run_src_storage = nullptr;
   c10::ScalarType last_s = c10::ScalarType::Undefined, last_d = c10::ScalarType::Undefined;
   CopyOp op = CopyOp::Memcpy;
   bool mergeable = false;
@@ -126,8 +124,8 @@ bool FastLane::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* src
     // A Memcpy item counts bytes (WorkItem::n).
     const int64_t item_n = op == CopyOp::Memcpy ? dbytes : numel;
     // plan.cpp coalesces only inside one storage; two storages side by side are its call.
-    if (adjacent && (dst_storage.unsafeGetStorageImpl() != run_dst_storage ||
-                     src_storage.unsafeGetStorageImpl() != run_src_storage)) {
+    if (adjacent && (dst_storage.unsafeGetStorageImpl() != run_.dst_storage ||
+                     src_storage.unsafeGetStorageImpl() != run_.src_storage)) {
       return false;
     }
     if (mergeable) {
@@ -148,13 +146,11 @@ bool FastLane::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* src
       run_len_ = 1;
       run_bytes_ = dbytes;
       run_dtypes_ = dtypes;
-      run_dst_storage = dst_storage.unsafeGetStorageImpl();
-      run_src_storage = src_storage.unsafeGetStorageImpl();
       ++runs_opened_;
       run_.dst = du;
       run_.src = su;
-      run_.dst_storage = run_dst_storage;
-      run_.src_storage = run_src_storage;
+      run_.dst_storage = dst_storage.unsafeGetStorageImpl();
+      run_.src_storage = src_storage.unsafeGetStorageImpl();
       run_.first_pair = first_pair_ + i;
       run_.dtypes = dtypes;
       // Where the first run starts is known now (the sharded lane's boundary test needs it even

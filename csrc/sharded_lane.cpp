@@ -20,28 +20,22 @@ namespace {
 // Below this many pairs the region's start and its barriers (about 0.5 us here) cost more than
 // half the per-pair work saves.
 constexpr size_t kShardedPairs = 96;
-// As cpu_copy_kernel.cpp: destination bytes one thread takes at least.
-constexpr int64_t kGrainBytes = 64 * 1024;
 // Dtype pairs of singles one sharded call counts (lists hold one or two); more: the planner.
 constexpr size_t kMaxGroups = 16;
 
-// A share's warnings (StorageImpl::mutable_data may warn), tagged with the pair that issued them;
-// the calling thread issues those a single lane would have issued, in pair order.
+// A share's warnings (StorageImpl::mutable_data may warn), kept for the calling thread, which
+// issues every share's in turn: pair order.
 class WarningLog : public c10::WarningHandler {
  public:
-  explicit WarningLog(const FastLane* lane) : lane_(lane) {}
-  void process(const c10::Warning& w) override { items.emplace_back(lane_->stopped_at(), w); }
-  std::vector<std::pair<size_t, c10::Warning>> items;
-
- private:
-  const FastLane* lane_;
+  void process(const c10::Warning& w) override { items.push_back(w); }
+  std::vector<c10::Warning> items;
 };
 
 struct alignas(64) ShareResult {
   bool ok = false;
   size_t stop = SIZE_MAX;    // the pair this share stopped at (FastLane::stopped_at)
   std::exception_ptr error;  // what that pair raised
-  std::vector<std::pair<size_t, c10::Warning>> warnings;
+  std::vector<c10::Warning> warnings;
 };
 
 std::atomic<int64_t> g_sharded_calls{0};
@@ -168,7 +162,7 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
     ShareResult& r = results[t];
     lane.set_first_pair(b);
     {
-      WarningLog log(&lane);
+      WarningLog log;
       c10::WarningUtils::WarningHandlerGuard guard(&log);
       try {
         r.ok = lane.prepare(dsts + b, srcs + b, e - b, caps, grad_check);
@@ -283,7 +277,7 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
   // TORCH_WARN_ONCE on a flagged destination, and its once is spent wherever a share met it:
   // dropped here (at a pair past where one lane stops), it would be lost to the process.
   for (int u = 0; u < team; ++u) {
-    for (const auto& w : results[u].warnings) c10::warn(w.second);
+    for (const auto& w : results[u].warnings) c10::warn(w);
   }
   if (error) std::rethrow_exception(error);
   if (event != SIZE_MAX) return Outcome::Refused;
@@ -303,7 +297,7 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
 std::vector<int64_t> ShardedLane::run() {
   {
     KernelRanges ranges(runs_ > 0, !groups_.empty());
-    at::parallel_for(0, bytes_, kGrainBytes, [this](int64_t b, int64_t e) { copy_share(offsets_, b, e); });
+    at::parallel_for(0, bytes_, kCopyGrainBytes, [this](int64_t b, int64_t e) { copy_share(offsets_, b, e); });
   }
   int64_t items = 0;
   for (const auto& sh : shares_) items += static_cast<int64_t>(sh.lane.batch().size());
