@@ -169,6 +169,15 @@ int64_t CpuCopyBatch::caller_threads() {
 
 CpuCopyBatch::CpuCopyBatch() : config_(published_config()), split_threads_(caller_threads()) {}
 
+void CpuCopyBatch::reset() {
+  config_ = published_config();
+  split_threads_ = caller_threads();
+  items_.clear();
+  ends_.clear();
+  total_ = 0;
+  moved_ = 0;
+}
+
 bool CpuCopyBatch::add_pair(const at::Tensor& dst, const at::Tensor& src) {
   CopyOp op;
   if (!op_for(src.scalar_type(), dst.scalar_type(), &op)) return false;
@@ -246,13 +255,28 @@ void CpuCopyBatch::finish() {
   moved_ = moved + total;
 }
 
-void CpuCopyBatch::copy_bytes(int64_t begin, int64_t end) const {
+bool CpuCopyBatch::alternate() {
+  static thread_local bool backward = false;
+  backward = !backward;
+  return backward;
+}
+
+void CpuCopyBatch::copy_bytes(int64_t begin, int64_t end, bool backward) const {
   const Config& cfg = *config_;
-  size_t k = std::upper_bound(ends_.begin(), ends_.end(), begin) - ends_.begin();
-  for (; k < items_.size(); ++k) {
+  if (begin >= end) return;
+  // Items [first, last) hold the range: the first ending after `begin` up to the first ending at
+  // or after `end`.
+  const size_t first = std::upper_bound(ends_.begin(), ends_.end(), begin) - ends_.begin();
+  const size_t last = std::min<size_t>(
+      items_.size(), std::lower_bound(ends_.begin() + first, ends_.end(), end) - ends_.begin() + 1);
+  auto one = [&](size_t k) {
     const int64_t start = k == 0 ? 0 : ends_[k - 1];
-    if (start >= end) break;
     copy_range(items_[k], cfg, std::max(begin, start) - start, std::min(end, ends_[k]) - start);
+  };
+  if (backward) {
+    for (size_t k = last; k > first; --k) one(k - 1);
+  } else {
+    for (size_t k = first; k < last; ++k) one(k);
   }
 }
 
@@ -266,9 +290,9 @@ void CpuCopyBatch::run() {
   if (items_.empty()) return;
   finish();
   if (moved_ <= kParallelMovedBytes) {
-    copy_bytes(0, total_);
+    copy_bytes(0, total_, alternate());
   } else {
-    at::parallel_for(0, total_, kCopyGrainBytes, [this](int64_t b, int64_t e) { copy_bytes(b, e); });
+    at::parallel_for(0, total_, kCopyGrainBytes, [this](int64_t b, int64_t e) { copy_bytes(b, e, alternate()); });
   }
   count_pass(static_cast<int64_t>(items_.size()), total_);
   items_.clear();

@@ -38,6 +38,13 @@ bool lazily_materialized(const S& st, long) {
   return c10::impl::cow::is_cow_data_ptr(st.data_ptr());
 }
 
+constexpr size_t kAheadTensors = 8, kAheadStorages = 4;
+
+void prefetch_tensor(const c10::TensorImpl* t) {
+  const char* p = reinterpret_cast<const char*>(t);
+  for (size_t off = 0; off < sizeof(c10::TensorImpl); off += 64) __builtin_prefetch(p + off);
+}
+
 uint16_t dtype_pair(c10::ScalarType src, c10::ScalarType dst) {
   return static_cast<uint16_t>(static_cast<uint8_t>(src) | (static_cast<uint8_t>(dst) << 8));
 }
@@ -55,6 +62,22 @@ bool FastLane::prepare(at::TensorList dsts, at::TensorList srcs, const Capabilit
   return prepare(impls.data(), impls.data() + dsts.size(), dsts.size(), caps, false);
 }
 
+void FastLane::reset() {
+  auto dst = std::move(dst_spans_);
+  auto src = std::move(src_spans_);
+  auto groups = std::move(groups_);
+  auto batch = std::move(batch_);
+  *this = FastLane();
+  dst.clear();
+  src.clear();
+  groups.clear();
+  batch.reset();
+  dst_spans_ = std::move(dst);
+  src_spans_ = std::move(src);
+  groups_ = std::move(groups);
+  batch_ = std::move(batch);
+}
+
 bool FastLane::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* srcs, size_t n,
                        const CapabilityTable& caps, bool grad_check) {
   cap_ = caps.get(c10::DeviceType::CPU);
@@ -69,6 +92,17 @@ bool FastLane::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* src
   bool mergeable = false;
   for (size_t i = 0; i < n; ++i) {
     stop_ = first_pair_ + i;
+    // Metadata of a list copied again and again is out of the nearer caches by the next call
+    // (the copy streamed its bytes through them): ask for the tensors some pairs ahead, and
+    // for the storages of nearer ones, whose tensors have arrived by then.
+    if (i + kAheadTensors < n) {
+      prefetch_tensor(dsts[i + kAheadTensors]);
+      prefetch_tensor(srcs[i + kAheadTensors]);
+    }
+    if (i + kAheadStorages < n) {
+      __builtin_prefetch(dsts[i + kAheadStorages]->unsafe_storage().unsafeGetStorageImpl());
+      __builtin_prefetch(srcs[i + kAheadStorages]->unsafe_storage().unsafeGetStorageImpl());
+    }
     c10::TensorImpl* d = dsts[i];
     const c10::TensorImpl* s = srcs[i];
     if (d->key_set() != plain || s->key_set() != plain) return false;
@@ -189,9 +223,10 @@ void FastLane::close_run_slow() {
 }
 
 // No destination span meets another destination span or any source span (plan.cpp's aliasing
-// test; sources may share memory with each other). Spans usually arrive in address order, so
-// the sorts are mostly skipped; then one merge walk compares sources with destinations. Both
-// lists stay sorted (the sharded lane compares shares with them).
+// test; sources may share memory with each other). Destinations usually arrive in address order,
+// so their sort is mostly skipped; sources are not sorted (meets() takes them in any order, and
+// separate allocations mixed with freed temporaries often come out of order). The destination
+// list stays sorted, and the hulls are kept: the sharded lane compares shares with them.
 bool FastLane::disjoint() {
   if (dst_spans_.empty()) return true;
   auto by_start = [](const Span& a, const Span& b) { return a.start < b.start; };
@@ -201,25 +236,36 @@ bool FastLane::disjoint() {
   for (size_t k = 1; k < dst_spans_.size(); ++k) {
     if (dst_spans_[k].start < dst_spans_[k - 1].end) return false;
   }
-  if (!std::is_sorted(src_spans_.begin(), src_spans_.end(), by_start)) {
-    std::sort(src_spans_.begin(), src_spans_.end(), by_start);
+  dst_hull_ = {dst_spans_.front().start, dst_spans_.back().end};
+  src_hull_ = src_spans_.front();
+  for (const auto& sp : src_spans_) {
+    src_hull_.start = std::min(src_hull_.start, sp.start);
+    src_hull_.end = std::max(src_hull_.end, sp.end);
   }
-  return !meets(dst_spans_, src_spans_);
+  return !meets(dst_spans_, dst_hull_, src_spans_, src_hull_);
 }
 
-bool FastLane::meets(const std::vector<Span>& sorted, const std::vector<Span>& spans) {
-  if (sorted.empty()) return false;
-  // Spans outside the sorted ones' hull meet none (separate allocations made before or after the
-  // destinations usually lie outside it).
-  const uintptr_t lo = sorted.front().start;
-  const uintptr_t hi = sorted.back().end;
+bool FastLane::meets(const std::vector<Span>& sorted, Span sorted_hull, const std::vector<Span>& spans,
+                     Span spans_hull) {
+  const uintptr_t lo = sorted_hull.start;
+  const uintptr_t hi = sorted_hull.end;
+  if (sorted.empty() || spans.empty() || spans_hull.end <= lo || spans_hull.start >= hi) return false;
+  // A cursor walks forward while the spans come in address order; a span before the last one
+  // seeks it again by bisection.
   size_t k = 0;
+  uintptr_t last = 0;
   for (const auto& s : spans) {
-    if (s.start >= hi) break;
-    if (s.end <= lo) continue;
-    while (k < sorted.size() && sorted[k].end <= s.start) ++k;
-    if (k == sorted.size()) break;
-    if (sorted[k].start < s.end) return true;
+    // Spans outside the sorted ones' hull meet none (separate allocations made before or after
+    // the destinations usually lie outside it).
+    if (s.start >= hi || s.end <= lo) continue;
+    if (s.start < last) {
+      k = std::partition_point(sorted.begin(), sorted.end(), [&](const Span& x) { return x.end <= s.start; }) -
+          sorted.begin();
+    } else {
+      while (k < sorted.size() && sorted[k].end <= s.start) ++k;
+    }
+    last = s.start;
+    if (k < sorted.size() && sorted[k].start < s.end) return true;
   }
   return false;
 }

@@ -41,6 +41,9 @@ class FastLane {
   bool prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* srcs, size_t n,
                const CapabilityTable& caps, bool grad_check);
   bool prepare(at::TensorList dsts, at::TensorList srcs, const CapabilityTable& caps);
+  // Back to a fresh lane, keeping the lists' storage (the sharded lane reuses its shares). On the
+  // thread that will call prepare(), as the constructor (CpuCopyBatch reads its thread count).
+  void reset();
   // Destination bytes the kernel will write (decides whether the caller drops the GIL).
   int64_t bytes() const { return bytes_; }
 
@@ -54,14 +57,20 @@ class FastLane {
   int64_t runs_opened() const { return runs_opened_; }
   const LaneRun& head() const { return head_; }
   const LaneRun& tail() const { return tail_; }
-  // Destination and source spans, each sorted by address (after a true prepare()).
+  // Destination spans sorted by address, source spans in pair order, and the hull of each list
+  // (after a true prepare() with at least one non-empty pair).
   struct Span {
     uintptr_t start, end;
   };
   const std::vector<Span>& dst_spans() const { return dst_spans_; }
   const std::vector<Span>& src_spans() const { return src_spans_; }
-  // Whether any of `spans` (sorted by start) meets one of `sorted` (sorted, pairwise disjoint).
-  static bool meets(const std::vector<Span>& sorted, const std::vector<Span>& spans);
+  Span dst_hull() const { return dst_hull_; }
+  Span src_hull() const { return src_hull_; }
+  // Whether any of `spans` (any order, within `spans_hull`) meets one of `sorted` (sorted by
+  // start, pairwise disjoint, within `sorted_hull`). Disjoint hulls answer without reading either
+  // list.
+  static bool meets(const std::vector<Span>& sorted, Span sorted_hull, const std::vector<Span>& spans,
+                    Span spans_hull);
   CpuCopyBatch& batch() { return batch_; }
   const CpuCopyBatch& batch() const { return batch_; }
   const Capability* capability() const { return cap_; }
@@ -107,6 +116,7 @@ class FastLane {
   const Capability* cap_ = nullptr;
   CpuCopyBatch batch_;
   std::vector<Span> dst_spans_, src_spans_;
+  Span dst_hull_{0, 0}, src_hull_{0, 0};
   std::vector<Group> groups_;
   size_t last_group_ = 0;
   // The run being built: adjacent contiguous pairs of one dtype pair in one storage each.

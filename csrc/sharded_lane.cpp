@@ -31,16 +31,28 @@ class WarningLog : public c10::WarningHandler {
   std::vector<c10::Warning> items;
 };
 
-struct alignas(64) ShareResult {
-  bool ok = false;
-  size_t stop = SIZE_MAX;    // the pair this share stopped at (FastLane::stopped_at)
-  std::exception_ptr error;  // what that pair raised
-  std::vector<c10::Warning> warnings;
-};
-
 std::atomic<int64_t> g_sharded_calls{0};
 
 }  // namespace
+
+void ShardedLane::ShareResult::reset() {
+  ok = false;
+  stop = SIZE_MAX;
+  error = nullptr;
+  warnings.clear();
+}
+
+void ShardedLane::Plan::reset(size_t shares, size_t max_groups) {
+  auto kept_groups = std::move(groups);
+  auto kept_offsets = std::move(offsets);
+  *this = Plan();
+  kept_groups.clear();
+  kept_offsets.clear();
+  groups = std::move(kept_groups);
+  offsets = std::move(kept_offsets);
+  groups.reserve(max_groups);
+  offsets.reserve(shares);
+}
 
 int64_t sharded_lane_calls() { return g_sharded_calls.load(std::memory_order_relaxed); }
 
@@ -53,13 +65,15 @@ bool ShardedLane::wanted(size_t n) {
 #endif
 }
 
-void ShardedLane::copy_share(const std::vector<int64_t>& offsets, int64_t begin, int64_t end) const {
-  for (size_t s = 0; s < offsets.size(); ++s) {
+void ShardedLane::copy_share(const std::vector<int64_t>& offsets, int64_t begin, int64_t end, bool backward) const {
+  const size_t n = offsets.size();
+  for (size_t k = 0; k < n; ++k) {
+    const size_t s = backward ? n - 1 - k : k;
     const auto& batch = shares_[s].lane.batch();
     const int64_t off = offsets[s];
     const int64_t lo = std::max(begin, off);
     const int64_t hi = std::min(end, off + batch.total_bytes());
-    if (lo < hi) batch.copy_bytes(lo - off, hi - off);
+    if (lo < hi) batch.copy_bytes(lo - off, hi - off, backward);
   }
 }
 
@@ -139,16 +153,20 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
   return Outcome::Refused;
 #else
   const int threads = at::get_num_threads();
-  shares_.clear();
-  shares_.resize(threads);  // constructed here, on the calling thread (CpuCopyBatch reads its thread count)
-  std::vector<ShareResult> results(threads);  // each on its own cache lines (alignas)
-  // Every thread decides on its own plan, from the same results, without allocating: the same
-  // answer on every thread (they must agree, with no barrier between deciding and copying).
-  std::vector<Plan> plans(threads);
-  for (auto& p : plans) {
-    p.offsets.reserve(threads);
-    p.groups.reserve(kMaxGroups);
+  // Reset here, on the calling thread (CpuCopyBatch reads its thread count), keeping what the
+  // last call allocated.
+  if (shares_.size() < static_cast<size_t>(threads)) shares_.resize(threads);
+  if (results_.size() < static_cast<size_t>(threads)) results_.resize(threads);
+  if (plans_.size() < static_cast<size_t>(threads)) plans_.resize(threads);
+  for (int t = 0; t < threads; ++t) {
+    shares_[t].lane.reset();
+    results_[t].reset();
+    // Every thread decides on its own plan, from the same results, without allocating: the
+    // same answer on every thread (they must agree, with no barrier between deciding and copying).
+    plans_[t].reset(threads, kMaxGroups);
   }
+  auto& results = results_;
+  auto& plans = plans_;
   int team = 1;
   bool copy_here = false;
   // Profiler ranges, opened and closed on the calling thread (the master), around the copy.
@@ -195,8 +213,8 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
           if (u == v) continue;
           const FastLane& a = shares_[u].lane;
           const FastLane& c = shares_[v].lane;
-          p.meets = FastLane::meets(a.dst_spans(), c.src_spans()) ||
-                    (u < v && FastLane::meets(a.dst_spans(), c.dst_spans()));
+          p.meets = FastLane::meets(a.dst_spans(), a.dst_hull(), c.src_spans(), c.src_hull()) ||
+                    (u < v && FastLane::meets(a.dst_spans(), a.dst_hull(), c.dst_spans(), c.dst_hull()));
         }
       }
       int64_t largest = 0;
@@ -228,10 +246,10 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
         // Each thread copies the pairs it checked, then moves their versions, as stock's loop
         // does pair by pair: no version moves before its destination's bytes are written.
         const auto& batch = lane.batch();
-        batch.copy_bytes(0, batch.total_bytes());
+        batch.copy_bytes(0, batch.total_bytes(), CpuCopyBatch::alternate());
         for (size_t i = b; i < e; ++i) dsts[i]->bump_version();
       } else {
-        copy_share(p.offsets, p.bytes * t / nt, p.bytes * (t + 1) / nt);
+        copy_share(p.offsets, p.bytes * t / nt, p.bytes * (t + 1) / nt, CpuCopyBatch::alternate());
         // Every thread wrote bytes of other threads' pairs: no version moves before all are.
 #pragma omp barrier
         if (p.runs == 0) {
@@ -246,17 +264,17 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
     }
   }
   ranges.reset();
-  shares_.resize(team);
+  team_ = static_cast<size_t>(team);
   Plan& plan = plans[0];  // the master's
   runs_ = plan.runs;
   tensors_ = plan.tensors;
   coalesced_bytes_ = plan.coalesced_bytes;
   empty_ = plan.empty;
-  groups_ = std::move(plan.groups);
+  groups_.assign(plan.groups.begin(), plan.groups.end());
   // A group a join emptied: one lane never had it (its profiler range, run()).
   groups_.erase(std::remove_if(groups_.begin(), groups_.end(), [](const FastLane::Group& g) { return g.tensors == 0; }),
                 groups_.end());
-  offsets_ = std::move(plan.offsets);
+  offsets_.assign(plan.offsets.begin(), plan.offsets.end());
   bytes_ = plan.bytes;
 
   // What one lane would have met first: a pair refused or raising (shares are in pair order),
@@ -286,7 +304,7 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
   g_sharded_calls.fetch_add(1, std::memory_order_relaxed);
   if (!copy_here) return Outcome::Prepared;
   int64_t items = 0;
-  for (const auto& sh : shares_) items += static_cast<int64_t>(sh.lane.batch().size());
+  for (size_t u = 0; u < team_; ++u) items += static_cast<int64_t>(shares_[u].lane.batch().size());
   CpuCopyBatch::count_pass(items, bytes_);
   count_lane_call();
   counts_ = lane_counts(runs_, tensors_, coalesced_bytes_, groups_, empty_, *shares_[0].lane.capability());
@@ -297,10 +315,10 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
 std::vector<int64_t> ShardedLane::run() {
   {
     KernelRanges ranges(runs_ > 0, !groups_.empty());
-    at::parallel_for(0, bytes_, kCopyGrainBytes, [this](int64_t b, int64_t e) { copy_share(offsets_, b, e); });
+    at::parallel_for(0, bytes_, kCopyGrainBytes, [this](int64_t b, int64_t e) { copy_share(offsets_, b, e, CpuCopyBatch::alternate()); });
   }
   int64_t items = 0;
-  for (const auto& sh : shares_) items += static_cast<int64_t>(sh.lane.batch().size());
+  for (size_t u = 0; u < team_; ++u) items += static_cast<int64_t>(shares_[u].lane.batch().size());
   CpuCopyBatch::count_pass(items, bytes_);
   count_lane_call();
   counts_ = lane_counts(runs_, tensors_, coalesced_bytes_, groups_, empty_, *shares_[0].lane.capability());

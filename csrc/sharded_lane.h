@@ -18,7 +18,10 @@
 
 #include <c10/core/TensorImpl.h>
 
+#include <c10/util/Exception.h>
+
 #include <cstdint>
+#include <exception>
 #include <vector>
 
 #include "capability_table.h"
@@ -63,6 +66,17 @@ class ShardedLane {
     std::vector<FastLane::Group> groups;
     std::vector<int64_t> offsets;  // destination bytes before each share's
     int64_t bytes = 0;
+    // Back to a fresh plan, keeping the lists' storage: capacity for `shares` offsets and
+    // exactly `max_groups` groups (join() refuses past it rather than allocate).
+    void reset(size_t shares, size_t max_groups);
+  };
+  // What one thread's checks met.
+  struct alignas(64) ShareResult {
+    bool ok = false;
+    size_t stop = SIZE_MAX;    // the pair this share stopped at (FastLane::stopped_at)
+    std::exception_ptr error;  // what that pair raised
+    std::vector<c10::Warning> warnings;
+    void reset();
   };
   // Joins runs that meet at share boundaries, as one lane would have built them, into `p`'s
   // counts; sets `refused_at` where such a join crosses storages (one lane refuses that pair).
@@ -70,14 +84,20 @@ class ShardedLane {
   // only the boundary before it is tested. The counts mean something only when every share
   // passed.
   void join(size_t shares, size_t passed, Plan* p) const;
-  // Copies destination bytes [begin, end) of the shares laid end to end at `offsets`.
-  void copy_share(const std::vector<int64_t>& offsets, int64_t begin, int64_t end) const;
+  // Copies destination bytes [begin, end) of the shares laid end to end at `offsets`; with
+  // `backward`, last item first (CpuCopyBatch::alternate).
+  void copy_share(const std::vector<int64_t>& offsets, int64_t begin, int64_t end, bool backward) const;
 
   // One share per thread, each on its own cache lines: the lane writes its members per pair.
   struct alignas(64) Share {
     FastLane lane;
   };
+  // Kept from call to call (the entry keeps one lane per calling thread): shares_[0, team_) are
+  // the last region's.
   std::vector<Share> shares_;
+  std::vector<ShareResult> results_;
+  std::vector<Plan> plans_;
+  size_t team_ = 0;
   std::vector<int64_t> offsets_;  // destination bytes before each share's
   int64_t bytes_ = 0;
   // The joined counts (FastLane's, over the whole list).

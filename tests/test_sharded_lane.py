@@ -373,6 +373,28 @@ def test_calls_above_the_gil_threshold_copy_after_the_region():
     assert [d._version for d in dsts] == [1] * 120
 
 
+# Each thread's pass runs its items last to first on every other call (CpuCopyBatch::alternate).
+PASSES = {
+    "own_shares": lambda: separate(),
+    "byte_split_through_a_pair": lambda: separate(numel=lambda i: 30_000 if i == 3 else 8 + i % 5),
+    "coalesced_runs": lambda: split([3 + i % 4 for i in range(N)]),
+    "above_the_gil_threshold": lambda: separate(120, numel=lambda i: 20_000 + i),
+}
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("name", sorted(PASSES))
+def test_passes_in_either_direction_write_every_byte(entry, name):
+    dsts, srcs = PASSES[name]()
+    want = [torch.empty_like(d) for d in dsts]
+    torch._foreach_copy_(want, srcs)
+    for _ in range(3):  # both directions on every thread, whatever the last test left
+        for d in dsts:
+            d.view(torch.uint8).fill_(0xA5)
+        entry(dsts, srcs)
+        assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(want, dsts))
+
+
 @pytest.mark.parametrize("views", [False, True], ids=["separate", "views_of_one_base"])
 def test_versions_move_once_per_destination_as_stock(views):
     if views:
