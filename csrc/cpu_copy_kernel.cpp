@@ -169,9 +169,9 @@ int64_t CpuCopyBatch::caller_threads() {
 
 CpuCopyBatch::CpuCopyBatch() : config_(published_config()), split_threads_(caller_threads()) {}
 
-void CpuCopyBatch::reset() {
+void CpuCopyBatch::reset(int64_t split_threads) {
   config_ = published_config();
-  split_threads_ = caller_threads();
+  split_threads_ = split_threads;
   items_.clear();
   ends_.clear();
   total_ = 0;

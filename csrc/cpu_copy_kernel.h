@@ -55,9 +55,12 @@ class CpuCopyBatch {
   // (FBGEMM's split): its own chunks, as stock copies it.
   void add_fbgemm_f16_to_f32(char* dst, const char* src, int64_t numel);
   void reserve(size_t n) { items_.reserve(n); }
-  // Back to an empty batch with the constructor's configuration and thread count (read on the
-  // calling thread), keeping the lists' storage.
-  void reset();
+  // Back to an empty batch with the published configuration, keeping the lists' storage.
+  // `split_threads`: caller_threads() as read on the thread that will run the copy's
+  // parallel_for (the sharded lane resets each share on its own worker, inside its region).
+  void reset(int64_t split_threads);
+  // The thread count FBGEMM's fp16 -> fp32 split follows for a copy called from this thread.
+  static int64_t caller_threads();
   // Copies every item: serially up to 256 KB moved, else split by destination bytes across
   // threads (at::parallel_for). Empties the work list.
   void run();
@@ -80,7 +83,6 @@ class CpuCopyBatch {
   static void count_pass(int64_t items, int64_t bytes);
 
  private:
-  static int64_t caller_threads();
   const KernelConfig* config_;
   int64_t split_threads_;
   std::vector<WorkItem> items_;

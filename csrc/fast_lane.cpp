@@ -62,7 +62,7 @@ bool FastLane::prepare(at::TensorList dsts, at::TensorList srcs, const Capabilit
   return prepare(impls.data(), impls.data() + dsts.size(), dsts.size(), caps, false);
 }
 
-void FastLane::reset() {
+void FastLane::reset(int64_t split_threads) {
   auto dst = std::move(dst_spans_);
   auto src = std::move(src_spans_);
   auto groups = std::move(groups_);
@@ -71,7 +71,7 @@ void FastLane::reset() {
   dst.clear();
   src.clear();
   groups.clear();
-  batch.reset();
+  batch.reset(split_threads);
   dst_spans_ = std::move(dst);
   src_spans_ = std::move(src);
   groups_ = std::move(groups);

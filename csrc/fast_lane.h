@@ -41,9 +41,9 @@ class FastLane {
   bool prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* srcs, size_t n,
                const CapabilityTable& caps, bool grad_check);
   bool prepare(at::TensorList dsts, at::TensorList srcs, const CapabilityTable& caps);
-  // Back to a fresh lane, keeping the lists' storage (the sharded lane reuses its shares). On the
-  // thread that will call prepare(), as the constructor (CpuCopyBatch reads its thread count).
-  void reset();
+  // Back to a fresh lane, keeping the lists' storage (the sharded lane reuses its shares);
+  // `split_threads` as CpuCopyBatch::reset.
+  void reset(int64_t split_threads);
   // Destination bytes the kernel will write (decides whether the caller drops the GIL).
   int64_t bytes() const { return bytes_; }
 

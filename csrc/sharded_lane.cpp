@@ -42,7 +42,12 @@ void ShardedLane::ShareResult::reset() {
   warnings.clear();
 }
 
-void ShardedLane::Plan::reset(size_t shares, size_t max_groups) {
+void ShardedLane::Plan::reserve(size_t shares, size_t max_groups) {
+  groups.reserve(max_groups);
+  offsets.reserve(shares);
+}
+
+void ShardedLane::Plan::reset() {
   auto kept_groups = std::move(groups);
   auto kept_offsets = std::move(offsets);
   *this = Plan();
@@ -50,8 +55,6 @@ void ShardedLane::Plan::reset(size_t shares, size_t max_groups) {
   kept_offsets.clear();
   groups = std::move(kept_groups);
   offsets = std::move(kept_offsets);
-  groups.reserve(max_groups);
-  offsets.reserve(shares);
 }
 
 int64_t sharded_lane_calls() { return g_sharded_calls.load(std::memory_order_relaxed); }
@@ -153,17 +156,19 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
   return Outcome::Refused;
 #else
   const int threads = at::get_num_threads();
-  // Reset here, on the calling thread (CpuCopyBatch reads its thread count), keeping what the
-  // last call allocated.
+  // FBGEMM's fp16 -> fp32 split follows the calling thread's count, not a worker's (1).
+  const int64_t split_threads = CpuCopyBatch::caller_threads();
+  // Storage kept from the last call; each thread resets its own share, result and plan in the
+  // region, so their cache lines stay on that thread's core (on this VM a line fetched from the
+  // other vCPU costs up to a few hundred ns in some stretches).
   if (shares_.size() < static_cast<size_t>(threads)) shares_.resize(threads);
   if (results_.size() < static_cast<size_t>(threads)) results_.resize(threads);
   if (plans_.size() < static_cast<size_t>(threads)) plans_.resize(threads);
   for (int t = 0; t < threads; ++t) {
-    shares_[t].lane.reset();
-    results_[t].reset();
-    // Every thread decides on its own plan, from the same results, without allocating: the
-    // same answer on every thread (they must agree, with no barrier between deciding and copying).
-    plans_[t].reset(threads, kMaxGroups);
+    // Every thread decides on its own plan, from the same results, without allocating (they
+    // must agree, with no barrier between deciding and copying): the capacity is reserved here,
+    // where a failure raises before any thread starts. Kept from the last call, it reads only.
+    plans_[t].reserve(threads, kMaxGroups);
   }
   auto& results = results_;
   auto& plans = plans_;
@@ -178,6 +183,9 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
     const size_t b = n * t / nt, e = n * (t + 1) / nt;
     FastLane& lane = shares_[t].lane;
     ShareResult& r = results[t];
+    lane.reset(split_threads);
+    r.reset();
+    plans[t].reset();
     lane.set_first_pair(b);
     {
       WarningLog log;

@@ -66,9 +66,11 @@ class ShardedLane {
     std::vector<FastLane::Group> groups;
     std::vector<int64_t> offsets;  // destination bytes before each share's
     int64_t bytes = 0;
-    // Back to a fresh plan, keeping the lists' storage: capacity for `shares` offsets and
-    // exactly `max_groups` groups (join() refuses past it rather than allocate).
-    void reset(size_t shares, size_t max_groups);
+    // Capacity for `shares` offsets and exactly `max_groups` groups (join() refuses past it
+    // rather than allocate); allocates only on a lane's first call.
+    void reserve(size_t shares, size_t max_groups);
+    // Back to a fresh plan, keeping the lists' storage (no allocation).
+    void reset();
   };
   // What one thread's checks met.
   struct alignas(64) ShareResult {
