@@ -2,13 +2,13 @@
 
 #include <ATen/record_function.h>
 #include <c10/core/DispatchKeySet.h>
-#include <c10/core/impl/COW.h>
 
 #include <algorithm>
 #include <atomic>
 
 #include "execute.h"
 #include "plan.h"
+#include "storage_write.h"
 
 namespace npu_dispatch {
 namespace {
@@ -25,17 +25,6 @@ c10::DispatchKeySet plain_cpu_keys() {
       c10::getAutogradRelatedKeySetFromBackend(c10::BackendComponent::CPUBit) |
       c10::getAutocastRelatedKeySetFromBackend(c10::BackendComponent::CPUBit);
   return ks;
-}
-
-// Copy-on-write storages: a cow DataPtr in every torch our range covers, and where StorageImpl
-// has materializers (newer torch), any storage with one.
-template <typename S>
-auto lazily_materialized(const S& st, int) -> decltype(st.has_materializer()) {
-  return st.has_materializer() || c10::impl::cow::is_cow_data_ptr(st.data_ptr());
-}
-template <typename S>
-bool lazily_materialized(const S& st, long) {
-  return c10::impl::cow::is_cow_data_ptr(st.data_ptr());
 }
 
 constexpr size_t kAheadTensors = 8, kAheadStorages = 4;
@@ -131,6 +120,9 @@ bool FastLane::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* src
     }
     const int64_t numel = d->numel();
     if (numel == 0) {
+      // Stock's copy_ asks for an empty destination's pointer too: where that would raise or
+      // materialize, the planner sends the call to stock's loop, which does as stock does.
+      if (!d->unsafe_storage() || mutable_data_refused(d->unsafe_storage())) return false;
       ++empty_;
       continue;
     }

@@ -1,6 +1,7 @@
 // Mirrors npu_dispatch/plan.py step by step: same checks in the same order, so the first failing
 // pair, the reason kinds and the runs/groups come out identical (tests/test_native.py compares).
 #include "plan.h"
+#include "storage_write.h"
 
 #include <ATen/MemoryOverlap.h>
 #include <c10/core/InferenceMode.h>
@@ -181,6 +182,9 @@ class Planner {
         return stock(Kind::OrderDependent, i, 0);
       }
       if (d.numel() == 0) {
+        // Stock's copy_ asks for even an empty destination's mutable pointer (plan.py
+        // _empty_write_refused); its loop takes a call where that raises or materializes.
+        if (d.has_storage() && mutable_data_refused(d.storage())) return stock(Kind::MayRaise, i, 4);
         plan_.empty.push_back(i);
         continue;
       }

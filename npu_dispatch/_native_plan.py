@@ -11,8 +11,8 @@ from typing import Sequence
 import torch
 
 from . import capabilities
-from .plan import (Group, Plan, Run, _dt, _inference_text, _lazy_bit_dst_text, _odd_dtype_text, _whole_list_text,
-                   _zero_dim_cast_text)
+from .plan import (Group, Plan, Run, _dt, _empty_write_text, _inference_text, _lazy_bit_dst_text, _odd_dtype_text,
+                   _whole_list_text, _zero_dim_cast_text)
 from .stats import PATHS
 
 __all__ = ["KINDS", "decode_plan", "decode_counts", "native_plan", "EXECUTED", "BLOCKED", "DEFERRED"]
@@ -71,6 +71,8 @@ def _stock_text(kind: str, a: int, b: int, sub: int, dsts, srcs) -> str:
             return _odd_dtype_text(a, s.dtype, d.dtype)
         if sub == 3:
             return _inference_text(a)
+        if sub == 4:
+            return _empty_write_text(a)
         return f"dst[{a}] has internal overlap: stock raises there"
     if kind == "conj_neg":
         return _lazy_bit_dst_text(a)

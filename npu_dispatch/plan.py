@@ -64,6 +64,26 @@ def _inference_text(i: int) -> str:
             "writing it")
 
 
+def _empty_write_text(i: int) -> str:
+    return (f"dst[{i}] is empty and its storage refuses its data pointer or is copy-on-write: stock's "
+            "copy_ raises or materializes it there, after writing the pairs before it")
+
+
+def _empty_write_refused(d: torch.Tensor) -> bool:
+    """Whether stock's ``copy_`` into the empty ``d`` would raise or copy a storage: it asks for even
+    an empty destination's mutable pointer (TensorIterator, after ``copy_impl``'s early return for
+    the same data), which raises where the storage is flagged (``_set_throw_on_mutable_data_ptr``:
+    FakeTensor, FunctionalTensor) and materializes a copy-on-write one. Asks for it the same way,
+    so a storage flagged to warn warns here once, as stock's would. Mirrors csrc/storage_write.h."""
+    if torch._C._is_cow_tensor(d):
+        return True
+    try:
+        d.data_ptr()
+    except RuntimeError:
+        return True
+    return False
+
+
 def _no_version_counter(t: torch.Tensor) -> bool:
     """Whether stock's version bump finds no counter on ``t`` (and raises outside inference_mode):
     an inference tensor, or one made in inference_mode and given another tensor's ``.data``
@@ -346,6 +366,8 @@ def build_plan(
         if d.dim() == 0 and d.dtype != s.dtype and dd.type == "cpu":
             return stock("order_dependent", _zero_dim_cast_text(i, s.dtype, d.dtype))
         if d.numel() == 0:
+            if _empty_write_refused(d):
+                return stock("may_raise", _empty_write_text(i))
             plan.empty.append(i)
             continue
         ddense = d.is_contiguous() or _dense(d)

@@ -135,3 +135,67 @@ def test_python_path_gives_a_lazy_bit_destination_stocks_error_before_the_list_c
     with pytest.raises(RuntimeError) as got:
         engine.foreach_copy(d, s, stats=CopyStats())
     assert str(got.value) == str(want.value) and "conjugate" in str(got.value)
+
+
+def _python_planner_copy(dsts, srcs):
+    from npu_dispatch import _native, engine
+    from npu_dispatch.stats import CopyStats
+
+    planned = _native.planned_op
+    _native.planned_op = lambda: None  # as without a compiler: plan.py and the Python engine
+    try:
+        engine.foreach_copy(dsts, srcs, stats=CopyStats(), bump=engine.stock_bumps(dsts))
+    finally:
+        _native.planned_op = planned
+
+
+def _empty_destination_lists(where: str, n: int):
+    """``n`` pairs of 4 floats, one replaced by an empty destination whose storage refuses its data
+    pointer (or is copy-on-write), and what shows whether that storage was materialized."""
+    d = [torch.zeros(4) for _ in range(n)]
+    s = [torch.arange(4.0) + k for k in range(n)]
+    at = n - 3
+    if where.startswith("copy_on_write"):
+        d[at] = torch._lazy_clone(torch.ones(6))[2:2]
+        s[at] = torch.ones(0)
+        if where == "copy_on_write_after_a_raise":  # stock stops at pair 0: nothing materialized
+            d[0] = torch.zeros(3)
+        return d, s, d[at]
+    base = torch.zeros(6)
+    torch._C._set_throw_on_mutable_data_ptr(base)
+    d[at] = base[2:2]
+    s[at] = {"flagged": torch.ones(0), "same_data": base[2:2], "other_offset": base[3:3],
+             "broadcast_src": torch.ones(1)}[where]
+    return d, s, d[at]
+
+
+@pytest.mark.parametrize("n", [4, 150], ids=["short", "sharded"])
+@pytest.mark.parametrize("where", ["flagged", "same_data", "other_offset", "broadcast_src", "copy_on_write",
+                                   "copy_on_write_after_a_raise"])
+@pytest.mark.parametrize("entry", ["direct", "op", "mode", "python_planner"])
+def test_an_empty_destination_whose_pointer_stock_asks_for_is_stocks(entry, where, n):
+    # Stock's copy_ asks for an empty destination's mutable pointer too (TensorIterator, after
+    # copy_impl's early return for the same data): a flagged storage raises there, after the
+    # pairs before it are written; a copy-on-write one is materialized.
+    from cases import direct_copy, mode_copy, op_copy, stock_copy
+
+    fn = {"direct": direct_copy, "op": op_copy, "mode": mode_copy, "python_planner": _python_planner_copy}[entry]
+    seen = []
+    for copy in (stock_copy, fn):
+        d, s, empty = _empty_destination_lists(where, n)
+        try:
+            copy(d, s)
+            error = None
+        except RuntimeError as e:
+            error = str(e)
+        seen.append((error, [bits(t) for t in d], [t._version for t in d], torch._C._is_cow_tensor(empty)))
+    (want_error, want_bits, want_versions, want_cow), (error, got_bits, versions, cow) = seen
+    assert error == want_error
+    assert all(torch.equal(a, b) for a, b in zip(want_bits, got_bits))
+    assert versions == want_versions and cow == want_cow
+    if where in ("flagged", "other_offset", "broadcast_src"):
+        assert want_error is not None and "Cannot access data pointer" in want_error
+    elif where == "copy_on_write_after_a_raise":
+        assert want_error is not None and want_cow
+    else:
+        assert want_error is None and not want_cow
