@@ -155,7 +155,8 @@ bool unpack_impls(PyObject* list, c10::TensorImpl** out) {
 // kept per calling thread from call to call: about a microsecond of allocations less on a call
 // of 200 pairs. A call while the thread's scratch is taken (none is known: warnings reach Python
 // only after the call returns) or a list of more than kKeptPairs pairs gets a fresh one, so a
-// thread never keeps more than that list's worth.
+// thread keeps about a kKeptPairs-pair list's worth at most (a little more where FBGEMM splits
+// pairs into chunks), until it exits.
 struct Scratch {
   std::vector<c10::TensorImpl*> impls;
   npu_dispatch::ShardedLane sharded;

@@ -81,13 +81,14 @@ void ShardedLane::copy_share(const std::vector<int64_t>& offsets, int64_t begin,
 }
 
 void ShardedLane::join(size_t shares, size_t passed, Plan* p) const {
-  // Within the capacity reserved before the region (no allocation, so no thread can fail where
-  // another goes on); a list of more dtype pairs than that goes to the planner.
+  // At most kMaxGroups, whose capacity was reserved before the region (no allocation, so no
+  // thread can fail where another goes on; the constant, not the capacity, so every thread
+  // refuses alike); a list of more dtype pairs than that goes to the planner.
   auto group = [&](uint16_t dtypes) -> FastLane::Group& {
     for (auto& g : p->groups) {
       if (g.dtypes == dtypes) return g;
     }
-    if (p->groups.size() == p->groups.capacity()) {
+    if (p->groups.size() >= kMaxGroups) {
       p->too_many_groups = true;
       return p->groups.front();
     }
@@ -170,6 +171,9 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
     // where a failure raises before any thread starts. Kept from the last call, it reads only.
     plans_[t].reserve(threads, kMaxGroups);
   }
+  // What the master's plan is copied into after the region: no allocation once bytes are written.
+  groups_.reserve(kMaxGroups);
+  offsets_.reserve(threads);
   auto& results = results_;
   auto& plans = plans_;
   int team = 1;

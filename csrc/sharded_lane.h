@@ -60,14 +60,14 @@ class ShardedLane {
     bool go = false;          // every pair passed, no spans of two shares met: copy
     bool meets = false;       // spans of two shares met
     bool own_shares = false;  // each thread copies (and bumps) the pairs it checked
-    bool too_many_groups = false;  // more dtype pairs than the reserved capacity: refused
+    bool too_many_groups = false;  // more dtype pairs than kMaxGroups: refused
     size_t refused_at = SIZE_MAX;  // a run joined across storages at this pair: refused
     int64_t runs = 0, tensors = 0, coalesced_bytes = 0, empty = 0;
     std::vector<FastLane::Group> groups;
     std::vector<int64_t> offsets;  // destination bytes before each share's
     int64_t bytes = 0;
-    // Capacity for `shares` offsets and exactly `max_groups` groups (join() refuses past it
-    // rather than allocate); allocates only on a lane's first call.
+    // Capacity for `shares` offsets and `max_groups` groups (join() refuses past that many rather
+    // than allocate); allocates only on a lane's first call.
     void reserve(size_t shares, size_t max_groups);
     // Back to a fresh plan, keeping the lists' storage (no allocation).
     void reset();

@@ -83,6 +83,9 @@ REFUSED = {
     "same_dst_twice": lambda: (lambda x: ([x, x], [torch.ones(3), torch.full((3,), 2.0)]))(torch.zeros(3)),
     "overlapping_dst_views": lambda: (lambda b: ([b[0:4], b[2:6]], [torch.ones(4), torch.full((4,), 2.0)]))(torch.zeros(6)),
     "src_overlaps_own_dst": lambda: (lambda b: ([b[0:4]], [b[1:5]]))(torch.arange(6.0)),
+    # srcs[1] is dsts[0], met after a source at a higher address: the comparison seeks back.
+    "src_is_a_dst_out_of_order": lambda: (lambda b: ([b[0:4], b[10:14], b[30:34]], [b[20:24], b[0:4], b[40:44]]))(
+        torch.arange(48.0)),
     "broadcast_src": lambda: ([torch.zeros(2, 3)], [torch.ones(3)]),
     "transposed_dst": lambda: ([torch.zeros(3, 2).t()], [torch.ones(2, 3)]),
     "inference_src": lambda: ([torch.zeros(4)], [_inference_src()]),

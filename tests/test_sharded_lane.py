@@ -249,6 +249,33 @@ def test_memory_shared_across_shares_is_refused_and_matches_stock(entry, kind):
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=lambda f: f.__name__)
+def test_a_source_met_out_of_address_order_is_compared_within_its_share(entry):
+    # Destinations are views 10 elements apart in one base; srcs[0] lies in a gap inside the first
+    # share's destinations (with 2 and 3 threads), so the comparison has moved past dsts[0] when
+    # srcs[1] (dsts[0] itself) comes: one lane refuses the call, and so must its share.
+    def make():
+        b = torch.arange(1200.0)
+        dsts = [b[10 * k:10 * k + 4] for k in range(120)]
+        srcs = [torch.full((4,), float(k)) for k in range(120)]
+        srcs[0], srcs[1] = b[386:390], b[0:4]
+        return dsts, srcs
+
+    dsts, srcs = make()
+    before = sharded_calls()
+    assert _native.direct_op()(dsts, srcs, False) is False
+    assert sharded_calls() == before
+
+    def outcome(fn):
+        d, s = make()
+        fn(d, s)
+        return [x.clone() for x in d], [x._version for x in d]
+
+    want, got = outcome(stock_copy), outcome(entry)
+    assert all(torch.equal(a, b) for a, b in zip(want[0], got[0]))
+    assert want[1] == got[1]
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda f: f.__name__)
 @pytest.mark.parametrize("where", ["alone", "refusal_in_share_0_first", "refusal_after", "two_forbidden"])
 def test_a_forbidden_write_in_the_second_share_raises_stocks_error(entry, where):
     def make():
