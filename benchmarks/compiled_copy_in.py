@@ -13,7 +13,7 @@ call after ``torch._dynamo.reset()`` with a fresh Inductor cache (cold: tracing,
 build). Every compiled variant is checked bitwise against eager first.
 
     python benchmarks/compiled_copy_in.py            # 200 shards; writes docs/compiled_copy_in.{md,png}
-    python benchmarks/compiled_copy_in.py --quick    # 40 shards, short timing, same outputs
+    python benchmarks/compiled_copy_in.py --quick    # 40 shards, short timing, printed only (--out DIR to keep)
 """
 from __future__ import annotations
 
@@ -56,7 +56,8 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="40 shards and short timing (sanity run)")
     p.add_argument("--shards", type=int, default=None)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
-    p.add_argument("--out", default=DOCS, help="folder for compiled_copy_in.md / .png")
+    p.add_argument("--out", default=None,
+                   help="folder for compiled_copy_in.md / .png (default: docs/; none with --quick)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     n = args.shards or (40 if args.quick else 200)
@@ -117,11 +118,15 @@ def write(rows, n, numel, args):
         + (" (--quick: the targets are stated for the full 200-shard run.)" if args.quick else ""),
         "",
     ]
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "compiled_copy_in.md"), "w") as fh:
-        fh.write("\n".join(lines))
     print("\n".join(lines))
-    plot(rows, os.path.join(args.out, "compiled_copy_in.png"), n)
+    # A quick sanity run leaves the kept figures alone unless asked.
+    out = args.out or (None if args.quick else DOCS)
+    if out is None:
+        return
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "compiled_copy_in.md"), "w") as fh:
+        fh.write("\n".join(lines))
+    plot(rows, os.path.join(out, "compiled_copy_in.png"), n)
 
 
 def plot(rows, path, n):

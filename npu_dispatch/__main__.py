@@ -6,7 +6,8 @@ import sys
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m npu_dispatch")
+    # Also installed as the `npu-dispatch` command (pyproject [project.scripts]).
+    p = argparse.ArgumentParser(prog="python -m npu_dispatch (or npu-dispatch)")
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("doctor", help="versions, devices, native build and capability table")
     sub.add_parser("build", help="build (or load the cached) C++ extension now, not on first use")

@@ -43,6 +43,10 @@ def run(args: argparse.Namespace) -> dict:
     log = lambda s: print(f"[bench] {s}", file=sys.stderr, flush=True)  # noqa: E731
     # Before the workloads: the load average must be the machine's, not this run's own.
     machine = machine_info(cfg.threads)
+    if machine["busy"]:
+        # Said first as well as last: a busy second core can hold every two-thread call for a whole
+        # scheduler quantum, and the tables then read 10 to 100 times off.
+        log(_busy_warning(machine))
     before = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
     try:
@@ -85,9 +89,13 @@ def main(argv: list[str] | None = None) -> int:
               f"native extension: {m['native_extension']['detail']}, load {m['load_average']}\n")
         print(report.tables(result))
     if result["machine"]["busy"]:
-        print(f"[bench] WARNING: load average {result['machine']['load_average']} at start: the machine is "
-              "busy, numbers are not quotable (try --threads 1 for a sanity run)", file=sys.stderr)
+        print(f"[bench] {_busy_warning(result['machine'])}", file=sys.stderr)
     return 0
+
+
+def _busy_warning(machine: dict) -> str:
+    return (f"WARNING: load average {machine['load_average']} at start: the machine is busy, numbers are "
+            "not quotable (two-thread calls can read 10 to 100x off; --threads 1 for a sanity run)")
 
 
 if __name__ == "__main__":
