@@ -219,6 +219,18 @@ def test_a_refused_join_then_a_forbidden_write_raises_as_one_lane(entry):
     assert _native.direct_op()(*make(), False) is False  # refused at pair 100, not raised at 150
 
 
+def assert_matches_stock(make, entry):
+    """``entry(*make())`` leaves the destinations' values and versions as ``stock_copy`` does."""
+    def outcome(fn):
+        d, s = make()
+        fn(d, s)
+        return [x.clone() for x in d], [x._version for x in d]
+
+    want, got = outcome(stock_copy), outcome(entry)
+    assert all(torch.equal(a, b) for a, b in zip(want[0], got[0]))
+    assert want[1] == got[1]
+
+
 @pytest.mark.parametrize("entry", ENTRIES, ids=lambda f: f.__name__)
 @pytest.mark.parametrize("kind", ["dst_meets_src", "dst_meets_dst", "src_meets_dst"])
 def test_memory_shared_across_shares_is_refused_and_matches_stock(entry, kind):
@@ -238,14 +250,7 @@ def test_memory_shared_across_shares_is_refused_and_matches_stock(entry, kind):
     assert _native.direct_op()(dsts, srcs, False) is False
     assert all(torch.equal(a, storage_bytes(t)) for a, t in zip(snapshot, dsts))
 
-    def outcome(fn):
-        d, s = make()
-        fn(d, s)
-        return [x.clone() for x in d], [x._version for x in d]
-
-    want, got = outcome(stock_copy), outcome(entry)
-    assert all(torch.equal(a, b) for a, b in zip(want[0], got[0]))
-    assert want[1] == got[1]
+    assert_matches_stock(make, entry)
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=lambda f: f.__name__)
@@ -265,14 +270,7 @@ def test_a_source_met_out_of_address_order_is_compared_within_its_share(entry):
     assert _native.direct_op()(dsts, srcs, False) is False
     assert sharded_calls() == before
 
-    def outcome(fn):
-        d, s = make()
-        fn(d, s)
-        return [x.clone() for x in d], [x._version for x in d]
-
-    want, got = outcome(stock_copy), outcome(entry)
-    assert all(torch.equal(a, b) for a, b in zip(want[0], got[0]))
-    assert want[1] == got[1]
+    assert_matches_stock(make, entry)
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=lambda f: f.__name__)
