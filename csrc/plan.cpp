@@ -184,7 +184,7 @@ class Planner {
       if (d.numel() == 0) {
         // Stock's copy_ asks for even an empty destination's mutable pointer (plan.py
         // _empty_write_refused); its loop takes a call where that raises or materializes.
-        if (d.has_storage() && mutable_data_refused(d.storage())) return stock(Kind::MayRaise, i, 4);
+        if (!d.has_storage() || mutable_data_refused(d.storage())) return stock(Kind::MayRaise, i, 4);
         plan_.empty.push_back(i);
         continue;
       }

@@ -25,8 +25,10 @@ bool lazily_materialized(const S& st, long) {
 // storage. Asks for it, so a storage flagged to warn (set_warn_deprecated_on_mutable_data_ptr)
 // issues its TORCH_WARN_ONCE here, as stock's copy_ would on reaching it.
 inline bool mutable_data_refused(const c10::Storage& st) {
-  if (lazily_materialized(*st.unsafeGetStorageImpl(), 0)) return true;
   try {
+    // Reading the DataPtr for the copy-on-write test raises too where even const access is
+    // refused (a released storage).
+    if (lazily_materialized(*st.unsafeGetStorageImpl(), 0)) return true;
     st.mutable_data();
   } catch (const c10::Error&) {
     return true;

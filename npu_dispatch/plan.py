@@ -75,9 +75,10 @@ def _empty_write_refused(d: torch.Tensor) -> bool:
     the same data), which raises where the storage is flagged (``_set_throw_on_mutable_data_ptr``:
     FakeTensor, FunctionalTensor) and materializes a copy-on-write one. Asks for it the same way,
     so a storage flagged to warn warns here once, as stock's would. Mirrors csrc/storage_write.h."""
-    if torch._C._is_cow_tensor(d):
-        return True
     try:
+        # Raises too where the storage was released (its access error).
+        if torch._C._is_cow_tensor(d):
+            return True
         d.data_ptr()
     except RuntimeError:
         return True

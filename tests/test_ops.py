@@ -23,24 +23,38 @@ from cases import Case, Pair, run, assert_same
 f32 = torch.float32
 case = Case((Pair((2,), f32, torch.uint8, "strided", "contiguous"),
              Pair((), f32, torch.bfloat16, "contiguous", "contiguous")), False, False, (), 0)
+
+def mode(d, s):
+    with nd.NpuFastCopyMode(verify={entry!r} == "verify", front={entry!r} == "front"):
+        return torch._foreach_copy_(d, s)
+
 stock = run(case, torch._foreach_copy_)
-assert_same(stock, run(case, nd.foreach_copy_))
+assert_same(stock, run(case, nd.foreach_copy_ if {entry!r} == "direct" else mode))
 print(stock["storages"][1].tolist())
 """
 
 
-@pytest.mark.parametrize("native", ["1", "0"])
-def test_a_zero_dim_nan_cast_after_a_strided_cast_matches_stock(native):
+_MODE_HANDLER_LOOP = pytest.mark.xfail(
+    strict=True, reason="known: without the native library the mode's handler issues stock's copy_ loop below "
+    "ADInplaceOrView and writes 0x7fc0 where stock writes 0xffff (engine._stock)")
+
+
+@pytest.mark.parametrize("native, entry", [
+    ("1", "direct"), ("1", "mode"), ("1", "verify"), ("1", "front"), ("0", "direct"),
+    pytest.param("0", "mode", marks=_MODE_HANDLER_LOOP), pytest.param("0", "verify", marks=_MODE_HANDLER_LOOP),
+    pytest.param("0", "front", marks=_MODE_HANDLER_LOOP),
+])
+def test_a_zero_dim_nan_cast_after_a_strided_cast_matches_stock(native, entry):
     # Stock's bits for a 0-dim fp32 -> bf16 NaN depend on how the copy_ before it was dispatched
     # (0xffff here): the Python engine's stock loop once issued it below ADInplaceOrView and wrote
-    # 0x7fc0. The dependence shows in a fresh process; a process that has built or loaded the
+    # 0x7fc0 (the direct op; the mode's handler still does without the native library). The dependence shows in a fresh process; a process that has built or loaded the
     # native library masks it, so each side runs in its own.
     import os
     import subprocess
     import sys
 
     env = dict(os.environ, NPU_DISPATCH_NATIVE=native)
-    script = _ZERO_DIM_SCRIPT.format(tests=os.path.dirname(__file__))
+    script = _ZERO_DIM_SCRIPT.format(tests=os.path.dirname(__file__), entry=entry)
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split("\n")[0] == "[255, 255]"  # the case still shows the dependence
