@@ -23,7 +23,9 @@ bool lazily_materialized(const S& st, long) {
 // Whether stock's request for the mutable pointer of `st` (non-null) would raise
 // (set_throw_on_mutable_data_ptr: FakeTensor, FunctionalTensor) or materialize a copy-on-write
 // storage. Asks for it, so a storage flagged to warn (set_warn_deprecated_on_mutable_data_ptr)
-// issues its TORCH_WARN_ONCE here, as stock's copy_ would on reaching it.
+// issues its TORCH_WARN_ONCE here. Stock's copy_ issues it only on reaching that pair, so a call
+// that stock stops earlier, or where copy_impl returns early for the same data, warns here and
+// not under stock (c10 offers no side-effect-free read of the flags; a known difference).
 inline bool mutable_data_refused(const c10::Storage& st) {
   try {
     // Reading the DataPtr for the copy-on-write test raises too where even const access is

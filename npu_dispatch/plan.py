@@ -74,7 +74,8 @@ def _empty_write_refused(d: torch.Tensor) -> bool:
     an empty destination's mutable pointer (TensorIterator, after ``copy_impl``'s early return for
     the same data), which raises where the storage is flagged (``_set_throw_on_mutable_data_ptr``:
     FakeTensor, FunctionalTensor) and materializes a copy-on-write one. Asks for it the same way,
-    so a storage flagged to warn warns here once, as stock's would. Mirrors csrc/storage_write.h."""
+    so a storage flagged to warn warns here, once per process, also where stock would stop or
+    return before reaching the pair (a known difference). Mirrors csrc/storage_write.h."""
     try:
         # Raises too where the storage was released (its access error).
         if torch._C._is_cow_tensor(d):
