@@ -262,8 +262,8 @@ bool CpuCopyBatch::alternate() {
 }
 
 void CpuCopyBatch::copy_bytes(int64_t begin, int64_t end, bool backward) const {
-  const Config& cfg = *config_;
   if (begin >= end) return;
+  const Config& cfg = *config_;
   // Items [first, last) hold the range: the first ending after `begin` up to the first ending at
   // or after `end`.
   const size_t first = std::upper_bound(ends_.begin(), ends_.end(), begin) - ends_.begin();

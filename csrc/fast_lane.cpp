@@ -275,7 +275,6 @@ std::vector<int64_t> lane_counts(int64_t runs, int64_t run_tensors, int64_t coal
     v[path_slot(kCoalesced, 2)] = runs;
   }
   for (const auto& g : groups) {
-    if (g.tensors == 0) continue;
     v[path_slot(kForeach, 0)] += g.tensors;
     v[path_slot(kForeach, 1)] += g.bytes;
     v[path_slot(kForeach, 2)] += cap.launches(g.tensors);

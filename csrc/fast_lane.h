@@ -34,7 +34,8 @@ struct LaneRun {
 
 class FastLane {
  public:
-  // Reads metadata only (and materializes copy-on-write destinations, as the planner does).
+  // Reads metadata only (a copy-on-write destination, which asking for its pointer would copy,
+  // is refused).
   // Returns false when the call needs the full planner. `n` > 0 pairs. With `grad_check`, a
   // tensor that requires grad is refused too (grad mode is on and the caller bypassed the
   // dispatcher, whose Autograd kernel must see the call).
@@ -141,7 +142,8 @@ class KernelRanges {
   at::RecordFunction kernel_{at::RecordScope::FUNCTION};
 };
 
-// The count vector (execute.h) of a lane call, and the lane-call counter both lanes move.
+// The count vector (execute.h) of a lane call (`groups` without empty ones), and the lane-call
+// counter both lanes move.
 std::vector<int64_t> lane_counts(int64_t runs, int64_t run_tensors, int64_t coalesced_bytes,
                                  const std::vector<FastLane::Group>& groups, int64_t empty,
                                  const Capability& cap);

@@ -174,8 +174,6 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
   // What the master's plan is copied into after the region: no allocation once bytes are written.
   groups_.reserve(kMaxGroups);
   offsets_.reserve(threads);
-  auto& results = results_;
-  auto& plans = plans_;
   int team = 1;
   bool copy_here = false;
   // Profiler ranges, opened and closed on the calling thread (the master), around the copy.
@@ -186,10 +184,10 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
     const int nt = omp_get_num_threads();
     const size_t b = n * t / nt, e = n * (t + 1) / nt;
     FastLane& lane = shares_[t].lane;
-    ShareResult& r = results[t];
+    ShareResult& r = results_[t];
     lane.reset(split_threads);
     r.reset();
-    plans[t].reset();
+    plans_[t].reset();
     lane.set_first_pair(b);
     {
       WarningLog log;
@@ -207,15 +205,15 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
 #pragma omp barrier
     // Every thread reaches the same decision from the shares' results (cheaper here than a
     // second barrier to share one thread's).
-    Plan& p = plans[t];
+    Plan& p = plans_[t];
     // Shares before `passed` passed every pair (their spans may still have met inside them: one
     // lane finds that only after its last pair, so the boundaries after them still count).
     size_t passed = 0;
-    while (passed < static_cast<size_t>(nt) && results[passed].stop == SIZE_MAX && !results[passed].error) {
+    while (passed < static_cast<size_t>(nt) && results_[passed].stop == SIZE_MAX && !results_[passed].error) {
       ++passed;
     }
     bool all_ok = true;
-    for (int u = 0; u < nt; ++u) all_ok = all_ok && results[u].ok;
+    for (int u = 0; u < nt; ++u) all_ok = all_ok && results_[u].ok;
     join(static_cast<size_t>(nt), passed, &p);
     if (all_ok && p.refused_at == SIZE_MAX && !p.too_many_groups) {
       // Each share's own spans were compared inside it; here each share's sources and
@@ -277,7 +275,7 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
   }
   ranges.reset();
   team_ = static_cast<size_t>(team);
-  Plan& plan = plans[0];  // the master's
+  Plan& plan = plans_[0];  // the master's
   runs_ = plan.runs;
   tensors_ = plan.tensors;
   coalesced_bytes_ = plan.coalesced_bytes;
@@ -294,9 +292,9 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
   size_t event = SIZE_MAX;
   std::exception_ptr error;
   for (int u = 0; u < team && event == SIZE_MAX; ++u) {
-    if (!results[u].ok && results[u].stop != SIZE_MAX) {
-      event = results[u].stop;
-      error = results[u].error;
+    if (!results_[u].ok && results_[u].stop != SIZE_MAX) {
+      event = results_[u].stop;
+      error = results_[u].error;
     }
   }
   if (plan.refused_at < event) {
@@ -307,7 +305,7 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
   // TORCH_WARN_ONCE on a flagged destination, and its once is spent wherever a share met it:
   // dropped here (at a pair past where one lane stops), it would be lost to the process.
   for (int u = 0; u < team; ++u) {
-    for (const auto& w : results[u].warnings) c10::warn(w);
+    for (const auto& w : results_[u].warnings) c10::warn(w);
   }
   if (error) std::rethrow_exception(error);
   if (event != SIZE_MAX) return Outcome::Refused;
@@ -315,11 +313,7 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
   if (!plan.go) return Outcome::Refused;
   g_sharded_calls.fetch_add(1, std::memory_order_relaxed);
   if (!copy_here) return Outcome::Prepared;
-  int64_t items = 0;
-  for (size_t u = 0; u < team_; ++u) items += static_cast<int64_t>(shares_[u].lane.batch().size());
-  CpuCopyBatch::count_pass(items, bytes_);
-  count_lane_call();
-  counts_ = lane_counts(runs_, tensors_, coalesced_bytes_, groups_, empty_, *shares_[0].lane.capability());
+  count_copied();
   return Outcome::Copied;
 #endif
 }
@@ -327,14 +321,19 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
 std::vector<int64_t> ShardedLane::run() {
   {
     KernelRanges ranges(runs_ > 0, !groups_.empty());
-    at::parallel_for(0, bytes_, kCopyGrainBytes, [this](int64_t b, int64_t e) { copy_share(offsets_, b, e, CpuCopyBatch::alternate()); });
+    at::parallel_for(0, bytes_, kCopyGrainBytes,
+                     [this](int64_t b, int64_t e) { copy_share(offsets_, b, e, CpuCopyBatch::alternate()); });
   }
+  count_copied();
+  return counts_;
+}
+
+void ShardedLane::count_copied() {
   int64_t items = 0;
   for (size_t u = 0; u < team_; ++u) items += static_cast<int64_t>(shares_[u].lane.batch().size());
   CpuCopyBatch::count_pass(items, bytes_);
   count_lane_call();
   counts_ = lane_counts(runs_, tensors_, coalesced_bytes_, groups_, empty_, *shares_[0].lane.capability());
-  return counts_;
 }
 
 }  // namespace npu_dispatch

@@ -86,6 +86,8 @@ class ShardedLane {
   // only the boundary before it is tested. The counts mean something only when every share
   // passed.
   void join(size_t shares, size_t passed, Plan* p) const;
+  // After the copy (in the region or in run()): the kernel's and the lane's counters, and counts_.
+  void count_copied();
   // Copies destination bytes [begin, end) of the shares laid end to end at `offsets`; with
   // `backward`, last item first (CpuCopyBatch::alternate).
   void copy_share(const std::vector<int64_t>& offsets, int64_t begin, int64_t end, bool backward) const;
