@@ -26,7 +26,7 @@ enum class Kind : int8_t {
   ConjNeg,
   Dtype,
   NoCapability,
-  OrderDependent,  // whole call: a 0-dim conversion, whose bits in stock depend on earlier copies
+  OrderDependent,  // whole call: a 0-dim conversion; stock's CPU copy reads its strides from stale stack (plan.py)
   WholeListRoute,  // whole call: a whole_list_only device (CUDA) that stock copies pair by pair
   Count,
 };

@@ -167,9 +167,43 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
 
 
+# Stock's CPU copy of a 0-dim fp32 tensor into a 0-dim bf16 one reads its TensorIterator's strides
+# out of bounds (torch 2.13, reduced_float_type_copy in aten/src/ATen/native/cpu/CopyKernel.cpp
+# indexes strides(0)[0] of an iterator with no dimensions; valgrind: "depends on uninitialised
+# value(s) ... created by a stack allocation at copy_impl"). Stale stack memory then picks the
+# vectorized conversion (a NaN becomes 0xffff) or the scalar one (0x7fc0), so stock itself writes
+# either for the same input, depending on what ran before at that stack depth
+# (test_ops.py::test_stock_bits_of_a_zero_dim_bf16_nan_depend_on_stale_stack).
+_STOCK_EITHER = (0x7FC0, 0xFFFF)
+
+
+def _stock_undefined(dsts, srcs, storages) -> tuple[list[tuple[int, int]], list[int]]:
+    """Where stock's bits are not defined: ((storage index, byte offset), ...) and the pair indices
+    of 0-dim fp32 -> bf16 destinations. Empty when a source of the call reads such a destination's
+    bytes (an alias: its bits could travel on, so the call is compared strictly)."""
+    picked = [k for k, (d, s) in enumerate(zip(dsts, srcs))
+              if d.dim() == 0 and s.dim() == 0 and d.dtype == torch.bfloat16 and s.dtype == torch.float32]
+    if not picked:
+        return [], []
+    ptr = lambda t: t.untyped_storage().data_ptr()  # noqa: E731
+
+    def span(t):  # bytes of its storage the tensor can touch
+        last = t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 0)
+        return t.storage_offset() * t.element_size(), (last + 1) * t.element_size()
+
+    for k in picked:
+        lo, hi = span(dsts[k])
+        for s in srcs:
+            if ptr(s) == ptr(dsts[k]) and s.numel() and span(s)[0] < hi and lo < span(s)[1]:
+                return [], []
+    index = {ptr(t): n for n, t in enumerate(storages)}
+    return [(index[ptr(dsts[k])], dsts[k].storage_offset() * 2) for k in picked], picked
+
+
 def run(case: Case, fn) -> dict:
     """Build ``case``, call ``fn(dsts, srcs)``, and capture everything observable."""
     dsts, srcs, storages = build(case)
+    undefined = _stock_undefined(dsts, srcs, storages)
     try:
         out = fn(dsts, srcs)
         error = None
@@ -183,6 +217,7 @@ def run(case: Case, fn) -> dict:
         "out": [bits(t) for t in out] if isinstance(out, (list, tuple)) else None,
         "out_strides": [t.stride() for t in out] if isinstance(out, (list, tuple)) else None,
         "out_versions": [t._version for t in out] if isinstance(out, (list, tuple)) else None,
+        "undefined": undefined,
     }
 
 
@@ -221,17 +256,35 @@ def assert_stock_error(make, entry, text: str) -> None:
     assert errors[0] == errors[1] and text in errors[0]
 
 
+def _either(a: torch.Tensor, b: torch.Tensor, offset: int) -> None:
+    """Copies of ``a`` and ``b`` with the bf16 at ``offset`` blanked where both hold one of
+    stock's two encodings of that NaN (_STOCK_EITHER), so the rest still compares bitwise."""
+    words = [int.from_bytes(bytes(t[offset:offset + 2].tolist()), "little") for t in (a, b)]
+    if all(w in _STOCK_EITHER for w in words):
+        a[offset:offset + 2] = 0
+        b[offset:offset + 2] = 0
+
+
 def assert_same(stock: dict, ours: dict) -> None:
+    """Everything observable matches bitwise, except where stock's own bits are undefined
+    (_stock_undefined): there either of stock's two NaN encodings passes."""
     assert ours["error"] == stock["error"]
     assert len(ours["storages"]) == len(stock["storages"])
-    for k, (a, b) in enumerate(zip(stock["storages"], ours["storages"])):
+    positions, pairs = stock.get("undefined", ([], []))
+    a_st, b_st = [t.clone() for t in stock["storages"]], [t.clone() for t in ours["storages"]]
+    for k, offset in positions:
+        _either(a_st[k], b_st[k], offset)
+    for k, (a, b) in enumerate(zip(a_st, b_st)):
         assert torch.equal(a, b), f"storage {k} differs bitwise from stock"
     assert ours["dst_versions"] == stock["dst_versions"]
     assert ours["src_versions"] == stock["src_versions"]
     if stock["out"] is not None:
         assert ours["out_strides"] == stock["out_strides"]
         assert ours["out_versions"] == stock["out_versions"]
-        for a, b in zip(stock["out"], ours["out"]):
+        for k, (a, b) in enumerate(zip(stock["out"], ours["out"])):
+            if k in pairs:
+                a, b = a.clone(), b.clone()
+                _either(a, b, 0)
             assert torch.equal(a, b)
 
 
