@@ -154,3 +154,57 @@ def test_bound_column_shows_both_estimates():
 
     assert report._bounds({"efficiency_bound_hot": 0.77, "efficiency_bound_after_copy": 0.7}) == "0.77 / 0.70"
     assert report._bounds({}) == "-"
+
+
+def test_timing_merge_takes_every_block_of_every_process():
+    from npu_dispatch.bench.timing import Timing
+
+    a, b = Timing.of([1.0, 2.0, 3.0], [2.0]), Timing.of([10.0, 20.0], [15.0])
+    m = Timing.merge([a, b])
+    assert (m.median_us, m.blocks, m.round_medians_us) == (3.0, 5, [2.0, 15.0])
+    assert m.block_us == [1.0, 2.0, 3.0, 10.0, 20.0]
+    assert "block_us" not in m.as_dict() and m.as_dict(blocks=True)["block_us"] == m.block_us
+
+
+def test_worker_processes_merge_into_one_row(capsys):
+    # Two fresh processes, one round each: every block of both counts, and the row keeps each
+    # process's median and the bitwise verdicts of both.
+    argv = ["--only", "small_many_cast", "--processes", "2", "--rounds", "1", "--min-run-time", "0.001",
+            "--threads", "1", "--json"]
+    assert bench_main.main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["config"]["processes"] == 2 and result["config"]["rounds"] == 1
+    (row,) = result["workloads"]
+    assert row["processes"] == 2 and row["bitwise_equal"] == {"direct": True, "mode": True, "mode_front": True}
+    for name, t in row["times_us"].items():
+        assert len(t["round_medians_us"]) == 2 and t["blocks"] >= 2
+        assert len(row["process_medians_us"][name]) == 2
+        lo, hi = sorted(row["process_medians_us"][name])
+        assert lo <= t["median_us"] <= hi  # the median of the merged blocks lies between the two
+    assert row["checks"] and row["launches"] >= 1
+
+
+def test_processes_must_be_positive(capsys):
+    assert bench_main.main(["--quick", "--only", "tiny_many", "--processes", "0"]) == 2
+    assert "--processes" in capsys.readouterr().err
+
+
+def test_a_bitwise_miss_in_any_worker_fails_the_merged_row(monkeypatch):
+    import subprocess
+    import types
+
+    from npu_dispatch.bench import workers
+
+    (w,) = workloads.by_name(["adjacent"])
+    t = {"median_us": 1.0, "iqr_us": 0.0, "blocks": 1, "round_medians_us": [1.0], "block_us": [1.0]}
+    names = ["stock", "direct", "mode", "bare_mode", "roofline"]
+    outs = iter([{"direct": True, "mode": True}, {"direct": True, "mode": False}])
+
+    def fake_run(cmd, **kw):
+        row = {"name": w.name, "description": "", "kind": "foreach", "bitwise_equal": next(outs)}
+        return types.SimpleNamespace(returncode=0, stdout=json.dumps({"row": row, "timings": {n: t for n in names}}))
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    row = workers.run_in_workers(w, suite.Config(1, 0.001, 1), 2)
+    assert row["bitwise_equal"] == {"direct": True, "mode": False} and row["pass"] is False
+    assert row["times_us"]["direct"]["blocks"] == 2

@@ -2,5 +2,6 @@
 
 Modules: ``workloads`` (the cases, as data), ``timing`` (interleaved ``torch.utils.benchmark``
 timing), ``suite`` (bitwise check, variants, metrics, targets), ``machine`` (environment and
-native-extension status), ``report`` (tables, markdown, chart). Times are microseconds.
+native-extension status), ``report`` (tables, markdown, chart), ``workers`` (each workload in
+fresh worker processes, merged). Times are microseconds.
 """

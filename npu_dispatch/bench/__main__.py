@@ -8,13 +8,14 @@ import sys
 
 import torch
 
-from . import report, suite
+from . import report, suite, workers
 from .machine import machine_info
 from .workloads import WORKLOADS, by_name
 
-# (rounds, seconds per variant per round)
-_FULL = (7, 0.25)
-_QUICK = (3, 0.02)
+# (worker processes per workload, rounds per process, seconds per variant per round); one
+# process means this one.
+_FULL = (3, 2, 0.25)
+_QUICK = (1, 3, 0.02)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -29,14 +30,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", help="write DIR/benchmarks.md and DIR/benchmarks.png")
     p.add_argument("--threads", type=int, default=torch.get_num_threads(),
                    help="torch intra-op threads (default: torch's default here, %(default)s)")
-    p.add_argument("--rounds", type=int, help="interleaved rounds (default 7, --quick 3)")
+    p.add_argument("--processes", type=int,
+                   help="fresh worker processes per workload, run one after another, their blocks merged "
+                        "(default 3, --quick 1: this process)")
+    p.add_argument("--rounds", type=int, help="interleaved rounds per process (default 2, --quick 3)")
     p.add_argument("--min-run-time", type=float, help="seconds per variant per round (default 0.25, --quick 0.02)")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--first-round", type=int, default=0, help=argparse.SUPPRESS)
     return p
 
 
 def run(args: argparse.Namespace) -> dict:
     """Run the selected workloads; returns the JSON-ready result."""
-    rounds, min_run_time = _QUICK if args.quick else _FULL
+    processes, rounds, min_run_time = _QUICK if args.quick else _FULL
+    processes = processes if args.processes is None else args.processes
+    if processes < 1:
+        raise ValueError(f"--processes must be at least 1, got {processes}")
     cfg = suite.Config(args.rounds or rounds, args.min_run_time or min_run_time, args.threads)
     names = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
     workloads = by_name(names)
@@ -50,14 +59,17 @@ def run(args: argparse.Namespace) -> dict:
     before = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
     try:
-        rows = [suite.run_workload(w, cfg, log) for w in workloads]
+        if processes == 1:
+            rows = [suite.run_workload(w, cfg, log) for w in workloads]
+        else:
+            rows = [workers.run_in_workers(w, cfg, processes, log) for w in workloads]
     finally:
         torch.set_num_threads(before)  # run() is also called in-process (tests)
     return {
         "schema": 1,
         "machine": machine,
-        "config": {"quick": args.quick, "rounds": cfg.rounds, "min_run_time_s": cfg.min_run_time,
-                   "threads": cfg.threads, "only": names},
+        "config": {"quick": args.quick, "processes": processes, "rounds": cfg.rounds,
+                   "min_run_time_s": cfg.min_run_time, "threads": cfg.threads, "only": names},
         "workloads": rows,
         "all_pass": all(r.get("pass", False) for r in rows),
     }
@@ -70,10 +82,18 @@ def main(argv: list[str] | None = None) -> int:
         for w in WORKLOADS:
             print(f"{w.name:22} {w.description}")
         return 0
+    if args.worker:
+        (w,) = by_name([args.only])
+        cfg = suite.Config(args.rounds, args.min_run_time, args.threads)
+        torch.set_num_threads(cfg.threads)
+        return workers.worker_main(w, cfg, args.first_round)
     try:
         result = run(args)
     except KeyError as e:
         print(e.args[0], file=sys.stderr)
+        return 2
+    except ValueError as e:
+        print(e, file=sys.stderr)
         return 2
     if args.out:
         os.makedirs(args.out, exist_ok=True)

@@ -103,22 +103,32 @@ def _machine(result: dict) -> str:
         ["python", m["python"]],
         ["platform", m["platform"]],
         ["native extension", native["detail"]],
-        ["timing", f"{c['rounds']} interleaved rounds x {c['min_run_time_s']} s per variant, "
-                   f"torch.utils.benchmark.Timer.blocked_autorange, median of all blocks"],
+        ["timing", _method(c)],
     ]
     return _md(["", ""], rows)
 
 
+def _method(c: dict) -> str:
+    per = (f"{c['processes']} fresh worker processes per workload x {c['rounds']} interleaved rounds"
+           if c.get("processes", 1) > 1 else f"{c['rounds']} interleaved rounds")
+    return (f"{per} x {c['min_run_time_s']} s per variant, torch.utils.benchmark.Timer.blocked_autorange, "
+            "median of all blocks")
+
+
 def rounds_table(result: dict) -> str:
     """Per-round medians (us) of the direct op, the roofline and an empty parallel region: a VM's
-    drift shows as rounds that step together between levels."""
+    drift shows as rounds that step together between levels; with worker processes, ``|``
+    separates the processes (each its own memory layout)."""
     rows = []
+    per = result["config"]["rounds"] if result["config"].get("processes", 1) > 1 else None
     for r in result["workloads"]:
         t = r.get("times_us", {})
         if "parallel_region" not in t:
             continue
         for name in ("direct", "roofline", "parallel_region"):
-            rows.append([r["name"], name.replace("_", " "), ", ".join(f"{x:.3g}" for x in t[name]["round_medians_us"])])
+            xs = [f"{x:.3g}" for x in t[name]["round_medians_us"]]
+            groups = [xs[k:k + per] for k in range(0, len(xs), per)] if per else [xs]
+            rows.append([r["name"], name.replace("_", " "), " \\| ".join(", ".join(g) for g in groups)])
     return _md(["workload", "variant", "median of each round (us)"], rows) if rows else ""
 
 
@@ -156,7 +166,9 @@ def write_markdown(result: dict, path: str, chart: str | None) -> None:
     if rounds:
         parts += ["## Rounds", "Each round times every variant once, in a rotated order. *parallel region*: "
                   "one empty parallel region on every torch thread (`region_probe`, "
-                  "csrc/python_entry.cpp), what starting and joining the threads cost in that round.",
+                  "csrc/python_entry.cpp), what starting and joining the threads cost in that round. "
+                  "With worker processes, `|` separates them: each process builds the workload anew, "
+                  "so its tensors sit elsewhere in memory (npu_dispatch/bench/workers.py).",
                   rounds]
     parts += ["## Machine", _machine(result), "## Workloads",
               "\n".join(f"- `{r['name']}`: {r['description']}" for r in result["workloads"])]

@@ -17,7 +17,8 @@ from npu_dispatch import NpuFastCopyMode, _native
 from . import timing
 from .workloads import DispatchArgs, ForeachArgs, Workload
 
-__all__ = ["Config", "PassThroughMode", "NullMode", "variants", "bitwise_check", "run_workload"]
+__all__ = ["Config", "PassThroughMode", "NullMode", "variants", "bitwise_check", "run_workload",
+           "measure_workload", "finish_row"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,13 +168,22 @@ def copy_floor(med: dict) -> float | None:
 
 
 def run_workload(w: Workload, cfg: Config, log: Callable[[str], None] = lambda s: None) -> dict:
-    """Check and time one workload; returns its JSON row (times in microseconds)."""
+    """Check and time one workload in this process; returns its JSON row (times in microseconds)."""
+    row, t = measure_workload(w, cfg, log)
+    return row if t is None else finish_row(w, row, t)
+
+
+def measure_workload(w: Workload, cfg: Config, log: Callable[[str], None] = lambda s: None,
+                     first_round: int = 0) -> tuple[dict, dict[str, timing.Timing] | None]:
+    """Build one workload, check it bitwise against stock and time its variants (rounds
+    ``first_round`` on of the rotation); returns (its JSON row without times and metrics, the
+    timings), the timings None where the workload is skipped. :func:`finish_row` completes it."""
     log(f"{w.name}: building")
     try:
         args = w.build()
         vs = variants(args)
     except (ImportError, RuntimeError, AttributeError) as e:  # e.g. torch without distributed / fsdp op
-        return {"name": w.name, "description": w.description, "skipped": f"{type(e).__name__}: {e}"}
+        return {"name": w.name, "description": w.description, "skipped": f"{type(e).__name__}: {e}"}, None
     by = {v.name: v for v in vs}
     row: dict = {"name": w.name, "description": w.description}
     if isinstance(args, DispatchArgs):
@@ -192,10 +202,19 @@ def run_workload(w: Workload, cfg: Config, log: Callable[[str], None] = lambda s
         row["launches"], row["paths"] = _launches(by["stock"])
         row["stock_launches"] = args.pairs  # the stock CPU op: one copy_ per pair
     log(f"{w.name}: timing {', '.join(by)} x {cfg.rounds} rounds")
-    t = timing.interleaved(vs, rounds=cfg.rounds, min_run_time=cfg.min_run_time, threads=cfg.threads)
+    t = timing.interleaved(vs, rounds=cfg.rounds, min_run_time=cfg.min_run_time, threads=cfg.threads,
+                           first_round=first_round)
+    del args, vs, by
+    gc.collect()
+    return row, t
+
+
+def finish_row(w: Workload, row: dict, t: dict[str, timing.Timing]) -> dict:
+    """Complete a row of :func:`measure_workload` from its timings (merged over processes, say):
+    medians, ratios, efficiency and its bound estimates, and the checks against ``w.targets``."""
     row["times_us"] = {k: v.as_dict() for k, v in t.items()}
     med = {k: v.median_us for k, v in t.items()}
-    if isinstance(args, DispatchArgs):
+    if row["kind"] == "dispatch":
         metrics = {"extra_us_vs_bare_mode": med["mode"] - med["bare_mode"],
                    "extra_us_vs_no_mode": med["mode"] - med["no_mode"]}
     else:
@@ -237,6 +256,4 @@ def run_workload(w: Workload, cfg: Config, log: Callable[[str], None] = lambda s
         for tg in w.targets
     ]
     row["pass"] = all(c["pass"] for c in row["checks"]) and all(row.get("bitwise_equal", {}).values())
-    del args, vs, by
-    gc.collect()
     return row

@@ -37,20 +37,37 @@ class Timing:
     """Per-call wall time of one variant, in microseconds.
 
     ``median_us`` and ``iqr_us`` are over every block of every round (a block's time divided by
-    its calls); ``round_medians_us`` shows drift between rounds.
+    its calls); ``round_medians_us`` shows drift between rounds; ``block_us`` holds the blocks
+    (kept out of :meth:`as_dict`, merged by :meth:`merge`).
     """
 
     median_us: float
     iqr_us: float
     blocks: int
     round_medians_us: list[float]
+    block_us: list[float] = dataclasses.field(default_factory=list, repr=False)
 
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+    @classmethod
+    def of(cls, block_us: list[float], round_medians_us: list[float]) -> "Timing":
+        """Median and interquartile range over ``block_us`` (at least one block)."""
+        us = sorted(block_us)
+        q = statistics.quantiles(us, n=4) if len(us) > 1 else [us[0]] * 3
+        return cls(statistics.median(us), q[2] - q[0], len(us), list(round_medians_us), us)
+
+    @classmethod
+    def merge(cls, parts: list["Timing"]) -> "Timing":
+        """One timing over every block of ``parts`` (runs of one variant in several processes)."""
+        return cls.of([b for p in parts for b in p.block_us], [r for p in parts for r in p.round_medians_us])
+
+    def as_dict(self, blocks: bool = False) -> dict:
+        d = dataclasses.asdict(self)
+        if not blocks:
+            del d["block_us"]
+        return d
 
 
 def interleaved(
-    variants: list[Variant], *, rounds: int, min_run_time: float, threads: int
+    variants: list[Variant], *, rounds: int, min_run_time: float, threads: int, first_round: int = 0
 ) -> dict[str, Timing]:
     """Time each variant with ``Timer.blocked_autorange`` once per round, rotating the order.
 
@@ -59,10 +76,11 @@ def interleaved(
         rounds: rounds (>= 1); round r starts with variant ``r % len(variants)``.
         min_run_time: seconds each variant runs per round.
         threads: torch intra-op threads during measurement (``Timer(num_threads=...)``).
+        first_round: the number of the first round (a worker process continues the rotation).
     """
     times: dict[str, list[float]] = {v.name: [] for v in variants}
     per_round: dict[str, list[float]] = {v.name: [] for v in variants}
-    for r in range(rounds):
+    for r in range(first_round, first_round + rounds):
         k = r % len(variants)
         for v in variants[k:] + variants[:k]:
             timer = Timer(stmt=v.stmt, globals=v.globals, num_threads=threads, description=v.name)
@@ -70,9 +88,4 @@ def interleaved(
                 m = timer.blocked_autorange(min_run_time=min_run_time)
             times[v.name].extend(m.times)
             per_round[v.name].append(m.median * 1e6)
-    out = {}
-    for name, ts in times.items():
-        us = sorted(t * 1e6 for t in ts)
-        q = statistics.quantiles(us, n=4) if len(us) > 1 else [us[0]] * 3
-        out[name] = Timing(statistics.median(us), q[2] - q[0], len(us), per_round[name])
-    return out
+    return {name: Timing.of([t * 1e6 for t in ts], per_round[name]) for name, ts in times.items()}
