@@ -159,10 +159,11 @@ def test_bound_column_shows_both_estimates():
 def test_timing_merge_takes_every_block_of_every_process():
     from npu_dispatch.bench.timing import Timing
 
-    a, b = Timing.of([1.0, 2.0, 3.0], [2.0]), Timing.of([10.0, 20.0], [15.0])
-    m = Timing.merge([a, b])
-    assert (m.median_us, m.blocks, m.round_medians_us) == (3.0, 5, [2.0, 15.0])
-    assert m.block_us == [1.0, 2.0, 3.0, 10.0, 20.0]
+    # The median of the processes' medians: a process that ran many short blocks weighs no more.
+    a, b, c = Timing.of([1.0, 2.0, 3.0], [2.0]), Timing.of([10.0] * 9, [10.0]), Timing.of([4.0, 6.0], [5.0])
+    m = Timing.merge([a, b, c])
+    assert (m.median_us, m.blocks, m.round_medians_us) == (5.0, 14, [2.0, 10.0, 5.0])
+    assert m.block_us == sorted([1.0, 2.0, 3.0, 4.0, 6.0] + [10.0] * 9)
     assert "block_us" not in m.as_dict() and m.as_dict(blocks=True)["block_us"] == m.block_us
 
 
@@ -180,7 +181,7 @@ def test_worker_processes_merge_into_one_row(capsys):
         assert len(t["round_medians_us"]) == 2 and t["blocks"] >= 2
         assert len(row["process_medians_us"][name]) == 2
         lo, hi = sorted(row["process_medians_us"][name])
-        assert lo <= t["median_us"] <= hi  # the median of the merged blocks lies between the two
+        assert t["median_us"] == (lo + hi) / 2  # the median of the two processes' medians
     assert row["checks"] and row["launches"] >= 1
 
 

@@ -31,8 +31,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=torch.get_num_threads(),
                    help="torch intra-op threads (default: torch's default here, %(default)s)")
     p.add_argument("--processes", type=int,
-                   help="fresh worker processes per workload, run one after another, their blocks merged "
-                        "(default 3, --quick 1: this process)")
+                   help="fresh worker processes per workload, run one after another; the median of "
+                        "their medians is reported (default 3, --quick 1: this process)")
     p.add_argument("--rounds", type=int, help="interleaved rounds per process (default 2, --quick 3)")
     p.add_argument("--min-run-time", type=float, help="seconds per variant per round (default 0.25, --quick 0.02)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

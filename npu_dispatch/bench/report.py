@@ -109,10 +109,11 @@ def _machine(result: dict) -> str:
 
 
 def _method(c: dict) -> str:
-    per = (f"{c['processes']} fresh worker processes per workload x {c['rounds']} interleaved rounds"
-           if c.get("processes", 1) > 1 else f"{c['rounds']} interleaved rounds")
-    return (f"{per} x {c['min_run_time_s']} s per variant, torch.utils.benchmark.Timer.blocked_autorange, "
-            "median of all blocks")
+    timer = f"x {c['min_run_time_s']} s per variant, torch.utils.benchmark.Timer.blocked_autorange"
+    if c.get("processes", 1) > 1:
+        return (f"{c['processes']} fresh worker processes per workload x {c['rounds']} interleaved rounds "
+                f"{timer}; median of the processes' medians of their blocks")
+    return f"{c['rounds']} interleaved rounds {timer}, median of all blocks"
 
 
 def rounds_table(result: dict) -> str:

@@ -37,8 +37,8 @@ class Timing:
     """Per-call wall time of one variant, in microseconds.
 
     ``median_us`` and ``iqr_us`` are over every block of every round (a block's time divided by
-    its calls); ``round_medians_us`` shows drift between rounds; ``block_us`` holds the blocks
-    (kept out of :meth:`as_dict`, merged by :meth:`merge`).
+    its calls), or for a :meth:`merge` the median of the processes' medians; ``round_medians_us``
+    shows drift between rounds; ``block_us`` holds the blocks (kept out of :meth:`as_dict`).
     """
 
     median_us: float
@@ -56,8 +56,12 @@ class Timing:
 
     @classmethod
     def merge(cls, parts: list["Timing"]) -> "Timing":
-        """One timing over every block of ``parts`` (runs of one variant in several processes)."""
-        return cls.of([b for p in parts for b in p.block_us], [r for p in parts for r in p.round_medians_us])
+        """One timing of ``parts`` (runs of one variant in several processes): the median of their
+        medians, so each process weighs alike whatever block count ``blocked_autorange`` chose in
+        it; the interquartile range and block count over every block of every part."""
+        t = cls.of([b for p in parts for b in p.block_us], [r for p in parts for r in p.round_medians_us])
+        t.median_us = statistics.median(p.median_us for p in parts)
+        return t
 
     def as_dict(self, blocks: bool = False) -> dict:
         d = dataclasses.asdict(self)

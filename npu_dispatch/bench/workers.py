@@ -4,8 +4,8 @@ Where a workload's tensors land in memory moves its small-copy timings: ``small_
 op read 9.6 to 11.2 us in five fresh processes and 12.3 to 17.5 us in four that had run
 ``tiny_many`` first (its 400 tensors then fill the holes ``tiny_many`` left; docs/profile.md). A single process measures one such layout, chosen by the workloads before it.
 So, as pyperf does, the suite runs each workload in several fresh processes, one after another
-(never at once: they would share the cores), and merges every block of every process; the rows
-keep each process's median.
+(never at once: they would share the cores), and reports the median of the processes' medians
+(``timing.Timing.merge``); the rows keep each process's median.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ __all__ = ["run_in_workers", "worker_main"]
 def run_in_workers(w: Workload, cfg: suite.Config, processes: int,
                    log: Callable[[str], None] = lambda s: None) -> dict:
     """Measure ``w`` in ``processes`` fresh processes, ``cfg.rounds`` rounds each (continuing the
-    rotation of variants), and return its row from the merged blocks.
+    rotation of variants), and return its row from the merged timings.
 
     Raises:
         RuntimeError: a worker exited with an error (its stderr has already reached ours).
