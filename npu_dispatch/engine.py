@@ -140,8 +140,8 @@ def _stock(p: _plan.Plan, dsts, srcs, non_blocking: bool, bump: bool) -> None:
         # Called above ADInplaceOrView (_python_path leaves it on for this): each copy_ bumps, and
         # raises for a destination without a counter, as the copy_ calls of stock's loop do.
         # Stock's bits for a 0-dim fp32 -> bf16 NaN follow stale stack memory (order_dependent,
-        # plan.py); copy_ calls issued from here matched stock's in the measured cases where
-        # ones issued below ADInplaceOrView did not.
+        # plan.py). Issued from Python, these copy_ calls can still write the other encoding
+        # after some pairs (docs/stock_quirks.md); the native library's loop, in C++, does not.
         for d, s in zip(dsts, srcs):
             d.copy_(s, non_blocking=non_blocking)
         return

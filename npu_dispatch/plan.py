@@ -115,11 +115,11 @@ def _lazy_bit_dst_text(i: int) -> str:
 def _zero_dim_cast_text(i: int, sdt: torch.dtype, ddt: torch.dtype) -> str:
     # torch 2.13's CPU copy (reduced_float_type_copy, aten/src/ATen/native/cpu/CopyKernel.cpp)
     # reads strides(0)[0] of a TensorIterator with no dimensions: stale stack memory, which the
-    # copy_ before it at that depth left (valgrind: "uninitialised value(s) ... created by a stack
-    # allocation at copy_impl"). It picks the vectorized fp32 -> bf16 loop (a NaN becomes 0xffff)
-    # or the scalar one (0x7fc0): 0x7fc0 alone, 0xffff right after an empty fp32 -> bf16 pair of
-    # the same _foreach_copy_. Stock's own loop reproduces what it can of that; a different
-    # caller's stack can still give the other encoding (tests/cases.py _STOCK_EITHER).
+    # copies before it left (valgrind: "uninitialised value(s) ... created by a stack allocation
+    # at copy_impl"). It picks the vectorized fp32 -> bf16 loop (a NaN becomes 0xffff) or the
+    # scalar one (0x7fc0): 0xffff right after an fp32 -> bf16 pair of the same _foreach_copy_,
+    # even an empty one. Stock's own loop, run from C++, reproduces that; where the caller's
+    # stack decides, either can come out (docs/stock_quirks.md).
     return (
         f"pair {i} converts a 0-dim {_dt(sdt)} into {_dt(ddt)}: stock's bits for it depend on the "
         "copies before it, so the call runs as stock's sequential copy_ loop"

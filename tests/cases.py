@@ -153,6 +153,7 @@ def build(case: Case) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torc
     for i, j in case.alias:
         if i < len(srcs) and j < len(dsts) and dsts[j].shape == dsts[i].shape:
             srcs[i] = dsts[j]
+    _bound_undefined(dsts, srcs)
     storages = list({id(t.untyped_storage()): t for t in dsts + srcs}.values())
     return dsts, srcs, storages
 
@@ -172,32 +173,51 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 # indexes strides(0)[0] of an iterator with no dimensions; valgrind: "depends on uninitialised
 # value(s) ... created by a stack allocation at copy_impl"). Stale stack memory then picks the
 # vectorized conversion (a NaN becomes 0xffff) or the scalar one (0x7fc0), so stock itself writes
-# either for the same input, depending on what ran before at that stack depth
-# (test_ops.py::test_stock_bits_of_a_zero_dim_bf16_nan_depend_on_stale_stack).
+# either for the same input, depending on what ran before it (docs/stock_quirks.md).
 _STOCK_EITHER = (0x7FC0, 0xFFFF)
+
+
+def _zero_dim_casts(dsts, srcs) -> list[int]:
+    return [k for k, (d, s) in enumerate(zip(dsts, srcs))
+            if d.dim() == 0 and s.dim() == 0 and d.dtype == torch.bfloat16 and s.dtype == torch.float32]
+
+
+def _storage_ptr(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _reads(s: torch.Tensor, d: torch.Tensor) -> bool:
+    """Whether source ``s`` can read any byte of destination ``d``'s element span."""
+    def span(t):
+        last = t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 0)
+        return t.storage_offset() * t.element_size(), (last + 1) * t.element_size()
+
+    return bool(s.numel()) and _storage_ptr(s) == _storage_ptr(d) and span(s)[0] < span(d)[1] and span(d)[0] < span(s)[1]
+
+
+def _bound_undefined(dsts, srcs) -> None:
+    """Keep stock's undefined bits where the comparison can bound them (_stock_undefined): a 0-dim
+    bf16 destination that already holds one of stock's two encodings could hide a pair left
+    unwritten, so it starts at zero; one that a source of the call reads would carry those bits
+    on into other tensors, so its own source becomes a finite 1.0."""
+    for k in _zero_dim_casts(dsts, srcs):
+        word = dsts[k].view(torch.int16)
+        if (int(word) & 0xFFFF) in _STOCK_EITHER:
+            word.fill_(0)
+        if any(_reads(s, dsts[k]) for s in srcs):
+            srcs[k].fill_(1.0)
 
 
 def _stock_undefined(dsts, srcs, storages) -> tuple[list[tuple[int, int]], list[int]]:
     """Where stock's bits are not defined: ((storage index, byte offset), ...) and the pair indices
     of 0-dim fp32 -> bf16 destinations. Empty when a source of the call reads such a destination's
-    bytes (an alias: its bits could travel on, so the call is compared strictly)."""
-    picked = [k for k, (d, s) in enumerate(zip(dsts, srcs))
-              if d.dim() == 0 and s.dim() == 0 and d.dtype == torch.bfloat16 and s.dtype == torch.float32]
-    if not picked:
+    bytes (an alias: its bits could travel on, so the call is compared strictly; build() gives
+    such a pair a finite source)."""
+    picked = _zero_dim_casts(dsts, srcs)
+    if any(_reads(s, dsts[k]) for k in picked for s in srcs):
         return [], []
-    ptr = lambda t: t.untyped_storage().data_ptr()  # noqa: E731
-
-    def span(t):  # bytes of its storage the tensor can touch
-        last = t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 0)
-        return t.storage_offset() * t.element_size(), (last + 1) * t.element_size()
-
-    for k in picked:
-        lo, hi = span(dsts[k])
-        for s in srcs:
-            if ptr(s) == ptr(dsts[k]) and s.numel() and span(s)[0] < hi and lo < span(s)[1]:
-                return [], []
-    index = {ptr(t): n for n, t in enumerate(storages)}
-    return [(index[ptr(dsts[k])], dsts[k].storage_offset() * 2) for k in picked], picked
+    index = {_storage_ptr(t): n for n, t in enumerate(storages)}
+    return [(index[_storage_ptr(dsts[k])], dsts[k].storage_offset() * 2) for k in picked], picked
 
 
 def run(case: Case, fn) -> dict:
@@ -257,8 +277,9 @@ def assert_stock_error(make, entry, text: str) -> None:
 
 
 def _either(a: torch.Tensor, b: torch.Tensor, offset: int) -> None:
-    """Copies of ``a`` and ``b`` with the bf16 at ``offset`` blanked where both hold one of
-    stock's two encodings of that NaN (_STOCK_EITHER), so the rest still compares bitwise."""
+    """Blank the bf16 at byte ``offset`` of the byte tensors ``a`` and ``b``, in place, where both
+    hold one of stock's two encodings of that NaN (_STOCK_EITHER), so the rest still compares
+    bitwise."""
     words = [int.from_bytes(bytes(t[offset:offset + 2].tolist()), "little") for t in (a, b)]
     if all(w in _STOCK_EITHER for w in words):
         a[offset:offset + 2] = 0

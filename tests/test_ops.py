@@ -20,27 +20,41 @@ _ZERO_DIM_SCRIPT = """
 import sys, torch, npu_dispatch as nd
 sys.path.insert(0, {tests!r})
 from cases import Case, Pair, run, assert_same
-f32 = torch.float32
-case = Case((Pair((2,), f32, torch.uint8, "strided", "contiguous"),
-             Pair((), f32, torch.bfloat16, "contiguous", "contiguous")), False, False, (), 0)
+f32, bf16 = torch.float32, torch.bfloat16
+zero_dim = Pair((), f32, bf16, "contiguous", "contiguous")
+leads = {{"strided_f32_u8": Pair((2,), f32, torch.uint8, "strided", "contiguous"),
+          "f32_bf16": Pair((3,), f32, bf16, "contiguous", "contiguous"),
+          "f32_i32": Pair((3,), f32, torch.int32, "contiguous", "contiguous")}}
 
 def mode(d, s):
     with nd.NpuFastCopyMode(verify={entry!r} == "verify", front={entry!r} == "front"):
         return torch._foreach_copy_(d, s)
 
-stock = run(case, torch._foreach_copy_)
-ours = run(case, nd.foreach_copy_ if {entry!r} == "direct" else mode)
-assert_same(stock, ours)
-print(stock["storages"][1].tolist(), ours["storages"][1].tolist())
+for name, lead in leads.items():
+    case = Case((lead, zero_dim), False, False, (), 0)
+    stock = run(case, torch._foreach_copy_)
+    ours = run(case, nd.foreach_copy_ if {entry!r} == "direct" else mode)
+    assert_same(stock, ours)  # everything, and either of stock's encodings at the 0-dim bf16
+    word = lambda r: hex(int.from_bytes(bytes(r["storages"][1].tolist()), "little"))
+    print(name, word(stock), word(ours))
 """
 
+_PYTHON_ENGINE_LOOP = pytest.mark.xfail(
+    strict=True, reason="known: without the native library the mode's handler runs stock's copy_ loop from Python, "
+    "and the stack it leaves makes the 0-dim pair write 0x7fc0 where stock's loop writes 0xffff (engine._stock)")
 
-@pytest.mark.parametrize("native", ["1", "0"])
-@pytest.mark.parametrize("entry", ["direct", "mode", "verify", "front"])
-def test_a_zero_dim_nan_cast_is_one_of_stocks_encodings(native, entry):
-    # Stock writes 0xffff for this case in a fresh process, and the mode's Python handler (no
-    # native library) 0x7fc0: both are stock's, whose choice follows stale stack memory
-    # (cases._STOCK_EITHER). Each side runs in its own process, where the stack is reproducible.
+
+@pytest.mark.parametrize("native, entry", [
+    ("1", "direct"), ("1", "mode"), ("1", "verify"), ("1", "front"), ("0", "direct"),
+    pytest.param("0", "mode", marks=_PYTHON_ENGINE_LOOP), pytest.param("0", "verify", marks=_PYTHON_ENGINE_LOOP),
+    pytest.param("0", "front", marks=_PYTHON_ENGINE_LOOP),
+])
+def test_a_zero_dim_nan_cast_after_another_pair_matches_stock(native, entry):
+    # Stock's bits for a 0-dim fp32 -> bf16 NaN follow stale stack memory (cases._STOCK_EITHER), but
+    # in a fresh process, after a given pair of the same call, they repeat: 0xffff after a strided
+    # NaN fp32 -> uint8 pair or an fp32 -> bf16 one, 0x7fc0 after an fp32 -> int32 one. The
+    # library's stock loops in C++ (the native library; the direct op without it) reproduce them.
+    # Stock and ours run in one fresh process per entry.
     import os
     import subprocess
     import sys
@@ -49,9 +63,9 @@ def test_a_zero_dim_nan_cast_is_one_of_stocks_encodings(native, entry):
     script = _ZERO_DIM_SCRIPT.format(tests=os.path.dirname(__file__), entry=entry)
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
-    stock_bits, our_bits = out.stdout.split("\n")[0].split("] [")
-    assert stock_bits == "[255, 255"
-    assert our_bits in ("255, 255]", "192, 127]")
+    seen = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines()}
+    assert {k: v[0] for k, v in seen.items()} == {"strided_f32_u8": "0xffff", "f32_bf16": "0xffff", "f32_i32": "0x7fc0"}
+    assert all(stock == ours for stock, ours in seen.values()), seen
 
 
 _STALE_STRIDES_SCRIPT = """
@@ -71,9 +85,9 @@ print(hex(word(after_empty_cast)), hex(word(after_int_cast)))
 
 def test_stock_bits_of_a_zero_dim_bf16_nan_depend_on_stale_stack():
     # The premise of cases._STOCK_EITHER, on stock alone: the same 0-dim fp32 NaN copied into bf16
-    # by the same op comes out 0xffff when the pair before it left a (2, 4)-byte stride pair in the
-    # TensorIterator's stack slot (an fp32 -> bf16 copy, even an empty one), and 0x7fc0 after an
-    # fp32 -> int32 one. Should torch stop reading those strides, this fails: compare strictly again.
+    # by the same op comes out 0xffff after an fp32 -> bf16 pair (even an empty one) and 0x7fc0
+    # after an fp32 -> int32 pair: what the copy before it left on the stack decides. Should torch
+    # stop reading those strides, this fails: compare strictly again.
     import subprocess
     import sys
 
@@ -258,3 +272,20 @@ def test_an_empty_destination_whose_pointer_stock_asks_for_is_stocks(entry, wher
         assert want_error is not None and want_cow
     else:
         assert want_error is None and not want_cow
+
+
+def test_build_bounds_stocks_undefined_bits():
+    from cases import Case, Pair, _bound_undefined, build
+
+    f32, bf16 = torch.float32, torch.bfloat16
+    pairs = (Pair((), f32, bf16, "contiguous", "contiguous"), Pair((), bf16, f32, "contiguous", "contiguous"))
+    _, srcs, _ = build(Case(pairs, False, False, (), 0))
+    assert srcs[0].isnan()  # a 0-dim fp32 source is drawn as NaN: the case the allowance is for
+    # Pair 1 reads pair 0's destination: pair 0's undefined bits would travel into it, so its
+    # source becomes finite and the call compares strictly.
+    _, srcs, _ = build(Case(pairs, False, False, ((1, 0),), 0))
+    assert srcs[0].item() == 1.0
+    # A destination already holding one of stock's encodings could hide an unwritten pair.
+    d = torch.tensor(0xFFFF - 0x10000, dtype=torch.int16).view(bf16)
+    _bound_undefined([d], [torch.tensor(float("nan"))])
+    assert int(d.view(torch.int16)) == 0
