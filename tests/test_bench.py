@@ -156,10 +156,10 @@ def test_bound_column_shows_both_estimates():
     assert report._bounds({}) == "-"
 
 
-def test_timing_merge_takes_every_block_of_every_process():
+def test_timing_merge_is_the_median_of_the_processes_medians():
     from npu_dispatch.bench.timing import Timing
 
-    # The median of the processes' medians: a process that ran many short blocks weighs no more.
+    # A process that ran many short blocks weighs no more than another.
     a, b, c = Timing.of([1.0, 2.0, 3.0], [2.0]), Timing.of([10.0] * 9, [10.0]), Timing.of([4.0, 6.0], [5.0])
     m = Timing.merge([a, b, c])
     assert (m.median_us, m.blocks, m.round_medians_us) == (5.0, 14, [2.0, 10.0, 5.0])
@@ -168,8 +168,8 @@ def test_timing_merge_takes_every_block_of_every_process():
 
 
 def test_worker_processes_merge_into_one_row(capsys):
-    # Two fresh processes, one round each: every block of both counts, and the row keeps each
-    # process's median and the bitwise verdicts of both.
+    # Two fresh processes, one round each: the row keeps each process's medians and metrics, its
+    # times are the median of those medians, its metrics the median of each process's.
     argv = ["--only", "small_many_cast", "--processes", "2", "--rounds", "1", "--min-run-time", "0.001",
             "--threads", "1", "--json"]
     assert bench_main.main(argv) == 0
@@ -179,33 +179,63 @@ def test_worker_processes_merge_into_one_row(capsys):
     assert row["processes"] == 2 and row["bitwise_equal"] == {"direct": True, "mode": True, "mode_front": True}
     for name, t in row["times_us"].items():
         assert len(t["round_medians_us"]) == 2 and t["blocks"] >= 2
-        assert len(row["process_medians_us"][name]) == 2
-        lo, hi = sorted(row["process_medians_us"][name])
-        assert t["median_us"] == (lo + hi) / 2  # the median of the two processes' medians
+        assert t["median_us"] == sum(row["process_medians_us"][name]) / 2
+    for key, value in row["metrics"].items():
+        per = [m[key] for m in row["process_metrics"]]
+        assert value == (None if None in per else sum(per) / 2)
     assert row["checks"] and row["launches"] >= 1
 
 
 def test_processes_must_be_positive(capsys):
-    assert bench_main.main(["--quick", "--only", "tiny_many", "--processes", "0"]) == 2
-    assert "--processes" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        bench_main.main(["--quick", "--only", "tiny_many", "--processes", "0"])
+    assert info.value.code == 2 and "--processes" in capsys.readouterr().err
 
 
-def test_a_bitwise_miss_in_any_worker_fails_the_merged_row(monkeypatch):
+def _fake_workers(monkeypatch, answers):
+    """subprocess.run for workers.py: each call writes the next of ``answers`` (a row's
+    bitwise verdicts and timed variants, or an exit status) to the worker's --result file."""
     import subprocess
     import types
 
+    answers = iter(answers)
+    t = {"median_us": 1.0, "iqr_us": 0.0, "blocks": 1, "round_medians_us": [1.0], "block_us": [1.0]}
+
+    def fake_run(cmd, **kw):
+        answer = next(answers)
+        if isinstance(answer, int):
+            return types.SimpleNamespace(returncode=answer)
+        bitwise, names = answer
+        row = {"name": "adjacent", "description": "", "kind": "foreach", "bitwise_equal": bitwise}
+        with open(cmd[cmd.index("--result") + 1], "w") as f:
+            json.dump({"row": row, "timings": {n: t for n in names}}, f)
+        return types.SimpleNamespace(returncode=0)
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+
+
+_VARIANTS = ["stock", "direct", "mode", "bare_mode", "roofline"]
+
+
+def test_a_bitwise_miss_in_any_worker_fails_the_merged_row(monkeypatch):
     from npu_dispatch.bench import workers
 
     (w,) = workloads.by_name(["adjacent"])
-    t = {"median_us": 1.0, "iqr_us": 0.0, "blocks": 1, "round_medians_us": [1.0], "block_us": [1.0]}
-    names = ["stock", "direct", "mode", "bare_mode", "roofline"]
-    outs = iter([{"direct": True, "mode": True}, {"direct": True, "mode": False}])
-
-    def fake_run(cmd, **kw):
-        row = {"name": w.name, "description": "", "kind": "foreach", "bitwise_equal": next(outs)}
-        return types.SimpleNamespace(returncode=0, stdout=json.dumps({"row": row, "timings": {n: t for n in names}}))
-
-    monkeypatch.setattr(subprocess, "run", fake_run)
+    _fake_workers(monkeypatch, [({"direct": True, "mode": True}, _VARIANTS), ({"direct": True, "mode": False}, _VARIANTS)])
     row = workers.run_in_workers(w, suite.Config(1, 0.001, 1), 2)
     assert row["bitwise_equal"] == {"direct": True, "mode": False} and row["pass"] is False
     assert row["times_us"]["direct"]["blocks"] == 2
+
+
+def test_a_failed_or_inconsistent_worker_makes_an_error_row(monkeypatch):
+    from npu_dispatch.bench import report, workers
+
+    (w,) = workloads.by_name(["adjacent"])
+    cfg = suite.Config(1, 0.001, 1)
+    _fake_workers(monkeypatch, [({"direct": True}, _VARIANTS), 3])
+    row = workers.run_in_workers(w, cfg, 2)
+    assert row["error"].startswith("process 2: worker exited with 3") and "pass" not in row
+    _fake_workers(monkeypatch, [({"direct": True}, _VARIANTS), ({"direct": True}, _VARIANTS[:-1])])
+    assert "different variants" in workers.run_in_workers(w, cfg, 2)["error"]
+    result = {"workloads": [row], "config": {"rounds": 1, "processes": 2}}
+    assert "ERROR: process 2" in report.tables(result)

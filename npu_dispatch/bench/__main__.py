@@ -30,22 +30,28 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", help="write DIR/benchmarks.md and DIR/benchmarks.png")
     p.add_argument("--threads", type=int, default=torch.get_num_threads(),
                    help="torch intra-op threads (default: torch's default here, %(default)s)")
-    p.add_argument("--processes", type=int,
+    p.add_argument("--processes", type=_positive_int,
                    help="fresh worker processes per workload, run one after another; the median of "
                         "their medians is reported (default 3, --quick 1: this process)")
     p.add_argument("--rounds", type=int, help="interleaved rounds per process (default 2, --quick 3)")
     p.add_argument("--min-run-time", type=float, help="seconds per variant per round (default 0.25, --quick 0.02)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--first-round", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
     return p
+
+
+def _positive_int(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
 
 
 def run(args: argparse.Namespace) -> dict:
     """Run the selected workloads; returns the JSON-ready result."""
     processes, rounds, min_run_time = _QUICK if args.quick else _FULL
     processes = processes if args.processes is None else args.processes
-    if processes < 1:
-        raise ValueError(f"--processes must be at least 1, got {processes}")
     cfg = suite.Config(args.rounds or rounds, args.min_run_time or min_run_time, args.threads)
     names = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
     workloads = by_name(names)
@@ -86,14 +92,11 @@ def main(argv: list[str] | None = None) -> int:
         (w,) = by_name([args.only])
         cfg = suite.Config(args.rounds, args.min_run_time, args.threads)
         torch.set_num_threads(cfg.threads)
-        return workers.worker_main(w, cfg, args.first_round)
+        return workers.worker_main(w, cfg, args.first_round, args.result)
     try:
         result = run(args)
     except KeyError as e:
         print(e.args[0], file=sys.stderr)
-        return 2
-    except ValueError as e:
-        print(e, file=sys.stderr)
         return 2
     if args.out:
         os.makedirs(args.out, exist_ok=True)

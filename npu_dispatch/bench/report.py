@@ -24,9 +24,19 @@ def _md(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def _verdict(row: dict) -> str:
+def _unmeasured(row: dict) -> str | None:
+    """``SKIP: why`` for a workload this torch cannot run, ``ERROR: what`` for one whose worker
+    process failed, None for a measured row."""
     if "skipped" in row:
-        return "SKIP"
+        return f"SKIP: {row['skipped']}"
+    if "error" in row:
+        return f"ERROR: {row['error']}"
+    return None
+
+
+def _verdict(row: dict) -> str:
+    if _unmeasured(row):
+        return _unmeasured(row).split(":")[0]
     failed = [c["target"] + ("" if c.get("reachable", True) else " [beyond the estimated bound]")
               for c in row["checks"] if not c["pass"]]
     if not all(row.get("bitwise_equal", {}).values()):
@@ -39,8 +49,8 @@ def tables(result: dict) -> str:
     rows = result["workloads"]
     copy, disp, checks = [], [], []
     for r in rows:
-        if "skipped" in r:
-            copy.append([r["name"]] + ["-"] * 19 + [f"SKIP: {r['skipped']}"])
+        if _unmeasured(r):
+            copy.append([r["name"]] + ["-"] * 19 + [_unmeasured(r)])
             continue
         t = {k: v["median_us"] for k, v in r["times_us"].items()}
         m = r["metrics"]
@@ -198,7 +208,7 @@ def write_chart(result: dict, path: str) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    rows = [r for r in result["workloads"] if "skipped" not in r]
+    rows = [r for r in result["workloads"] if not _unmeasured(r)]
     width = 0.8 / len(_SERIES)
     fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(rows)), 4.5))
     for k, (label, names) in enumerate(_SERIES):

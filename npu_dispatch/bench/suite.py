@@ -18,7 +18,7 @@ from . import timing
 from .workloads import DispatchArgs, ForeachArgs, Workload
 
 __all__ = ["Config", "PassThroughMode", "NullMode", "variants", "bitwise_check", "run_workload",
-           "measure_workload", "finish_row"]
+           "measure_workload", "finish_row", "metrics_of"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,12 +209,33 @@ def measure_workload(w: Workload, cfg: Config, log: Callable[[str], None] = lamb
     return row, t
 
 
-def finish_row(w: Workload, row: dict, t: dict[str, timing.Timing]) -> dict:
-    """Complete a row of :func:`measure_workload` from its timings (merged over processes, say):
-    medians, ratios, efficiency and its bound estimates, and the checks against ``w.targets``."""
+def finish_row(w: Workload, row: dict, t: dict[str, timing.Timing], metrics: dict | None = None) -> dict:
+    """Complete a row of :func:`measure_workload` from its timings: medians, the ``metrics``
+    (by default :func:`metrics_of` the medians; merged over processes, the median of each
+    process's, so that every ratio pairs times of one process) and the checks against
+    ``w.targets``."""
     row["times_us"] = {k: v.as_dict() for k, v in t.items()}
-    med = {k: v.median_us for k, v in t.items()}
-    if row["kind"] == "dispatch":
+    if metrics is None:
+        metrics = metrics_of(row["kind"], {k: v.median_us for k, v in t.items()})
+    # The estimates the checks are read against: a dispatch mode pays at least the delivery of the
+    # op to Python (null mode, a measured lower bound); a foreach copy, efficiency_bound.
+    ceilings = {"speedup_mode": metrics.get("speedup_mode_ceiling"),
+                "efficiency_direct": metrics.get("efficiency_bound")}
+    row["metrics"] = metrics
+    row["checks"] = [
+        {"target": str(tg), "metric": tg.metric, "value": metrics.get(tg.metric),
+         "pass": tg.check(metrics.get(tg.metric)), "ceiling": ceilings.get(tg.metric),
+         "reachable": ceilings.get(tg.metric) is None or tg.check(ceilings.get(tg.metric))}
+        for tg in w.targets
+    ]
+    row["pass"] = all(c["pass"] for c in row["checks"]) and all(row.get("bitwise_equal", {}).values())
+    return row
+
+
+def metrics_of(kind: str, med: dict[str, float]) -> dict:
+    """Speed-ups, efficiencies and bound estimates of one workload from its variants' median
+    times (us); ``kind`` is a row's ``kind``."""
+    if kind == "dispatch":
         metrics = {"extra_us_vs_bare_mode": med["mode"] - med["bare_mode"],
                    "extra_us_vs_no_mode": med["mode"] - med["no_mode"]}
     else:
@@ -244,16 +265,4 @@ def finish_row(w: Workload, row: dict, t: dict[str, timing.Timing]) -> dict:
         # even that one says so.
         known = [b for b in (metrics["efficiency_bound_hot"], metrics["efficiency_bound_after_copy"]) if b]
         metrics["efficiency_bound"] = max(known) if known else None
-    # The estimates the checks are read against: a dispatch mode pays at least the delivery of the
-    # op to Python (null mode, a measured lower bound); a foreach copy, efficiency_bound above.
-    ceilings = {"speedup_mode": metrics.get("speedup_mode_ceiling"),
-                "efficiency_direct": metrics.get("efficiency_bound")}
-    row["metrics"] = metrics
-    row["checks"] = [
-        {"target": str(tg), "metric": tg.metric, "value": metrics.get(tg.metric),
-         "pass": tg.check(metrics.get(tg.metric)), "ceiling": ceilings.get(tg.metric),
-         "reachable": ceilings.get(tg.metric) is None or tg.check(ceilings.get(tg.metric))}
-        for tg in w.targets
-    ]
-    row["pass"] = all(c["pass"] for c in row["checks"]) and all(row.get("bitwise_equal", {}).values())
-    return row
+    return metrics
