@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result, indent=1))
     else:
         m = result["machine"]
-        print(f"{m['cpu']}, {m['torch_threads']} torch threads, torch {m['torch']}, "
+        threads = f"{m['torch_threads']} torch thread{'s' if m['torch_threads'] != 1 else ''}"
+        print(f"{m['cpu']}, {threads}, torch {m['torch']}, "
               f"native extension: {m['native_extension']['detail']}, load {m['load_average']}\n")
         print(report.tables(result))
     if result["machine"]["busy"]:
