@@ -192,7 +192,9 @@ def _reads(s: torch.Tensor, d: torch.Tensor) -> bool:
         last = t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 0)
         return t.storage_offset() * t.element_size(), (last + 1) * t.element_size()
 
-    return bool(s.numel()) and _storage_ptr(s) == _storage_ptr(d) and span(s)[0] < span(d)[1] and span(d)[0] < span(s)[1]
+    if not s.numel() or _storage_ptr(s) != _storage_ptr(d):
+        return False
+    return span(s)[0] < span(d)[1] and span(d)[0] < span(s)[1]
 
 
 def _bound_undefined(dsts, srcs) -> None:

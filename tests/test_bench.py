@@ -221,7 +221,8 @@ def test_a_bitwise_miss_in_any_worker_fails_the_merged_row(monkeypatch):
     from npu_dispatch.bench import workers
 
     (w,) = workloads.by_name(["adjacent"])
-    _fake_workers(monkeypatch, [({"direct": True, "mode": True}, _VARIANTS), ({"direct": True, "mode": False}, _VARIANTS)])
+    answers = [({"direct": True, "mode": True}, _VARIANTS), ({"direct": True, "mode": False}, _VARIANTS)]
+    _fake_workers(monkeypatch, answers)
     row = workers.run_in_workers(w, suite.Config(1, 0.001, 1), 2)
     assert row["bitwise_equal"] == {"direct": True, "mode": False} and row["pass"] is False
     assert row["times_us"]["direct"]["blocks"] == 2
