@@ -122,7 +122,8 @@ def _method(c: dict) -> str:
     timer = f"x {c['min_run_time_s']} s per variant, torch.utils.benchmark.Timer.blocked_autorange"
     if c.get("processes", 1) > 1:
         return (f"{c['processes']} fresh worker processes per workload x {c['rounds']} interleaved rounds "
-                f"{timer}; median of the processes' medians of their blocks")
+                f"{timer}; times: the median of the processes' medians of their blocks; ratios and "
+                "efficiencies: the median of each process's own")
     return f"{c['rounds']} interleaved rounds {timer}, median of all blocks"
 
 
