@@ -139,15 +139,16 @@ def _stock(p: _plan.Plan, dsts, srcs, non_blocking: bool, bump: bool) -> None:
             _AD_INPLACE_OR_VIEW):
         # Called above ADInplaceOrView (_python_path leaves it on for this): each copy_ bumps, and
         # raises for a destination without a counter, as the copy_ calls of stock's loop do.
-        # Stock's bits for a 0-dim fp32 -> bf16 NaN follow stale stack memory (order_dependent,
-        # plan.py). Issued from Python, these copy_ calls can still write the other encoding
-        # after some pairs (docs/stock_quirks.md); the native library's loop, in C++, does not.
+        # Issued above it, as stock's are, they also write stock's bits for a 0-dim fp32 -> bf16
+        # NaN in every case tried (stale stack memory picks them: order_dependent, plan.py).
         for d, s in zip(dsts, srcs):
             d.copy_(s, non_blocking=non_blocking)
         return
     if p.stock_reason[0] in _PER_PAIR_ROUTE:
         # Stock's per-pair route (CPU's kernel; CUDA's for lists it does not batch): a copy_ loop;
-        # an error leaves the earlier pairs written and bumped.
+        # an error leaves the earlier pairs written and bumped. Here (the mode's handler, below
+        # ADInplaceOrView) a 0-dim fp32 -> bf16 NaN can come out in stock's other encoding
+        # (docs/stock_quirks.md; tests/test_ops.py, a known difference).
         outside_inference = not torch.is_inference_mode_enabled()
         for d, s in zip(dsts, srcs):
             d.copy_(s, non_blocking=non_blocking)

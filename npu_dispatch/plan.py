@@ -118,8 +118,9 @@ def _zero_dim_cast_text(i: int, sdt: torch.dtype, ddt: torch.dtype) -> str:
     # copies before it left (valgrind: "uninitialised value(s) ... created by a stack allocation
     # at copy_impl"). It picks the vectorized fp32 -> bf16 loop (a NaN becomes 0xffff) or the
     # scalar one (0x7fc0): 0xffff right after an fp32 -> bf16 pair of the same _foreach_copy_,
-    # even an empty one. Stock's own loop, run from C++, reproduces that; where the caller's
-    # stack decides, either can come out (docs/stock_quirks.md).
+    # even an empty one. Stock's own loop, issued above ADInplaceOrView as stock issues it,
+    # reproduces that; where the caller's stack decides, either can come out
+    # (docs/stock_quirks.md).
     return (
         f"pair {i} converts a 0-dim {_dt(sdt)} into {_dt(ddt)}: stock's bits for it depend on the "
         "copies before it, so the call runs as stock's sequential copy_ loop"

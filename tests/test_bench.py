@@ -59,6 +59,7 @@ def test_quick_json_structure(quick_run, capsys):
     assert tiny["bitwise_equal"] == {"direct": True, "mode": True, "mode_front": True}
     assert tiny["launches"] >= 1 and sum(tiny["paths"].values()) == 512
 
+    assert json.loads((out / "benchmarks.json").read_text()) == result
     md = (out / "benchmarks.md").read_text()
     assert "tiny_many" in md and "| workload |" in md
     if floor:
@@ -180,9 +181,13 @@ def test_worker_processes_merge_into_one_row(capsys):
     for name, t in row["times_us"].items():
         assert len(t["round_medians_us"]) == 2 and t["blocks"] >= 2
         assert t["median_us"] == sum(row["process_medians_us"][name]) / 2
-    for key, value in row["metrics"].items():
-        per = [m[key] for m in row["process_metrics"]]
-        assert value == (None if None in per else sum(per) / 2)
+    m = row["metrics"]
+    for key, value in m.items():
+        per = [pm[key] for pm in row["process_metrics"]]
+        if key != "efficiency_bound":
+            assert value == (None if None in per else sum(per) / 2)
+    known = [b for b in (m["efficiency_bound_hot"], m["efficiency_bound_after_copy"]) if b]
+    assert m["efficiency_bound"] == (max(known) if known else None)
     assert row["checks"] and row["launches"] >= 1
 
 

@@ -27,25 +27,33 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--only", metavar="NAME[,NAME]", help="comma-separated workloads (see --list)")
     p.add_argument("--list", action="store_true", help="list the workloads and exit")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    p.add_argument("--out", metavar="DIR", help="write DIR/benchmarks.md and DIR/benchmarks.png")
+    p.add_argument("--out", metavar="DIR", help="write DIR/benchmarks.md, DIR/benchmarks.json and DIR/benchmarks.png")
     p.add_argument("--threads", type=int, default=torch.get_num_threads(),
                    help="torch intra-op threads (default: torch's default here, %(default)s)")
-    p.add_argument("--processes", type=_positive_int,
-                   help="fresh worker processes per workload, run one after another; the median of "
-                        "their medians is reported (default 3, --quick 1: this process)")
-    p.add_argument("--rounds", type=int, help="interleaved rounds per process (default 2, --quick 3)")
-    p.add_argument("--min-run-time", type=float, help="seconds per variant per round (default 0.25, --quick 0.02)")
+    p.add_argument("--processes", type=_positive(int),
+                   help="fresh worker processes per workload, run one after another: times are the median "
+                        "of their medians, ratios the median of each process's (default 3, --quick 1: "
+                        "this process)")
+    p.add_argument("--rounds", type=_positive(int), help="interleaved rounds per process (default 2, --quick 3)")
+    p.add_argument("--min-run-time", type=_positive(float),
+                   help="seconds per variant per round (default 0.25, --quick 0.02)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--first-round", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     return p
 
 
-def _positive_int(text: str) -> int:
-    n = int(text)
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
-    return n
+def _positive(kind):
+    """An argparse type: ``kind(text)``, greater than zero."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+        return value
+    return parse
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -100,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.out:
         os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "benchmarks.json"), "w") as f:
+            json.dump(result, f, indent=1)
         chart = report.write_chart(result, os.path.join(args.out, "benchmarks.png"))
         if chart is None:
             print("[bench] matplotlib missing: no chart (pip install 'npu-dispatch[bench]')", file=sys.stderr)
