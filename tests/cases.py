@@ -212,12 +212,10 @@ def _bound_undefined(dsts, srcs) -> None:
 
 def _stock_undefined(dsts, srcs, storages) -> tuple[list[tuple[int, int]], list[int]]:
     """Where stock's bits are not defined: ((storage index, byte offset), ...) and the pair indices
-    of 0-dim fp32 -> bf16 destinations. Empty when a source of the call reads such a destination's
-    bytes (an alias: its bits could travel on, so the call is compared strictly; build() gives
-    such a pair a finite source)."""
-    picked = _zero_dim_casts(dsts, srcs)
-    if any(_reads(s, dsts[k]) for k in picked for s in srcs):
-        return [], []
+    of 0-dim fp32 -> bf16 destinations, less those a source of the call reads (an alias: their
+    bits would travel on, so _bound_undefined gave them a finite source and they compare
+    strictly)."""
+    picked = [k for k in _zero_dim_casts(dsts, srcs) if not any(_reads(s, dsts[k]) for s in srcs)]
     index = {_storage_ptr(t): n for n, t in enumerate(storages)}
     return [(index[_storage_ptr(dsts[k])], dsts[k].storage_offset() * 2) for k in picked], picked
 

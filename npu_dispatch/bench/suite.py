@@ -18,7 +18,7 @@ from . import timing
 from .workloads import DispatchArgs, ForeachArgs, Workload
 
 __all__ = ["Config", "PassThroughMode", "NullMode", "variants", "bitwise_check", "run_workload",
-           "measure_workload", "finish_row", "metrics_of"]
+           "measure_workload", "finish_row", "metrics_of", "efficiency_bound"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,8 +261,12 @@ def metrics_of(kind: str, med: dict[str, float]) -> dict:
                 if "pair_floor" in med else None),
             "efficiency_bound_after_copy": _ratio(med["roofline"], copy_floor(med)),
         }
-        # The verdicts use the more optimistic estimate: a miss is called beyond reach only when
-        # even that one says so.
-        known = [b for b in (metrics["efficiency_bound_hot"], metrics["efficiency_bound_after_copy"]) if b]
-        metrics["efficiency_bound"] = max(known) if known else None
+        metrics["efficiency_bound"] = efficiency_bound(metrics)
     return metrics
+
+
+def efficiency_bound(metrics: dict) -> float | None:
+    """The bound the efficiency checks read: the higher (more optimistic) of the two estimates in
+    ``metrics``, so a miss is called beyond reach only when even that one says so."""
+    known = [b for b in (metrics["efficiency_bound_hot"], metrics["efficiency_bound_after_copy"]) if b]
+    return max(known) if known else None

@@ -67,8 +67,7 @@ def _merged_metrics(process_metrics: list[dict]) -> dict:
     the two merged estimates, as in one process (suite.metrics_of)."""
     metrics = {k: _median([m[k] for m in process_metrics]) for k in process_metrics[0]}
     if "efficiency_bound" in metrics:
-        known = [b for b in (metrics["efficiency_bound_hot"], metrics["efficiency_bound_after_copy"]) if b]
-        metrics["efficiency_bound"] = max(known) if known else None
+        metrics["efficiency_bound"] = suite.efficiency_bound(metrics)
     return metrics
 
 
