@@ -245,3 +245,18 @@ def test_a_failed_or_inconsistent_worker_makes_an_error_row(monkeypatch):
     assert "different variants" in workers.run_in_workers(w, cfg, 2)["error"]
     result = {"workloads": [row], "config": {"rounds": 1, "processes": 2}}
     assert "ERROR: process 2" in report.tables(result)
+
+
+def test_merged_bound_is_the_higher_of_the_merged_estimates():
+    from npu_dispatch.bench import workers
+
+    # The hot estimate is the higher in one process, the after-copy one in the other: the
+    # merged bound is the higher of the two medians (0.8), not the median of each process's
+    # higher one (0.85), so it matches the "eff bound" column beside it.
+    per = [{"efficiency_bound_hot": 0.9, "efficiency_bound_after_copy": 0.6, "efficiency_bound": 0.9},
+           {"efficiency_bound_hot": 0.7, "efficiency_bound_after_copy": 0.8, "efficiency_bound": 0.8}]
+    m = workers._merged_metrics(per)
+    assert (m["efficiency_bound_hot"], m["efficiency_bound_after_copy"]) == (0.8, 0.7)
+    assert m["efficiency_bound"] == 0.8
+    per[1]["efficiency_bound_hot"] = None
+    assert workers._merged_metrics(per)["efficiency_bound_hot"] is None
