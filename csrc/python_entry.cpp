@@ -18,8 +18,8 @@
 #include "borrowed.h"
 #include "capability_table.h"
 #include "copy_call.h"
-#include "fast_lane.h"
-#include "sharded_lane.h"
+#include "lane_call.h"
+#include "mode_route.h"
 #include "native_stats.h"
 
 namespace {
@@ -102,33 +102,12 @@ PyObject* foreach_copy_planned(PyObject* /*self*/, PyObject* const* args, Py_ssi
   END_HANDLE_TH_ERRORS
 }
 
-// Above this many destination bytes the lane's copy drops the GIL (and then holds references
-// to the list items, which another thread may take out of the lists meanwhile). Below it the
-// pass holds the GIL under a millisecond on the CI machine: 18 to 95 us for just under 2 MB
-// written to warm memory, up to about 1 ms for a first write to fresh pages on one thread,
-// against Python's 5 ms switch interval. Dropping it costs about 1 us for 200 pairs (a
-// reference taken and released per list item).
-constexpr int64_t kReleaseGilBytes = 2 * 1024 * 1024;
-
 // Nothing between the caller and the kernel would act on the op: no dispatch mode (or, for
 // `from_mode`, exactly one: NpuFastCopyMode, whose torch-function front checked that it is the
-// one), no torch function mode, no extra key switched on for this thread (functorch layers, the
-// JIT tracer's Tracer key...).
-// Below ADInplaceOrView (torch._C._AutoDispatchBelowADInplaceOrView) stock bumps no version
-// counter; the general path decides there.
+// one), no torch function mode, and the thread's dispatch keys as lane_keys_plain() wants them.
 bool plain_context(bool from_mode) {
-  if (c10::impl::TorchDispatchModeTLS::stack_len() != (from_mode ? 1 : 0) ||
-      at::impl::torch_function_mode_enabled() ||
-      c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView) ||
-      // torch._C._DisableTorchDispatch: the dispatch mode would not see the call either.
-      (from_mode && c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python))) {
-    return false;
-  }
-  static const c10::DispatchKeySet usual({c10::DispatchKey::BackendSelect, c10::DispatchKey::ADInplaceOrView});
-  // A dispatch mode switches these on for its thread.
-  static const c10::DispatchKeySet mode_keys({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot});
-  return (c10::impl::tls_local_dispatch_key_set().included_ - usual - (from_mode ? mode_keys : c10::DispatchKeySet()))
-      .empty();
+  return c10::impl::TorchDispatchModeTLS::stack_len() == (from_mode ? 1 : 0) &&
+         !at::impl::torch_function_mode_enabled() && npu_dispatch::lane_keys_plain(from_mode);
 }
 
 // An exact list or tuple (FSDP2 passes torch.split's tuples): its items and length, no copy.
@@ -150,45 +129,6 @@ bool unpack_impls(PyObject* list, c10::TensorImpl** out) {
   }
   return true;
 }
-
-// What the direct entry allocates per call (the TensorImpl list, the sharded lane's shares),
-// kept per calling thread from call to call: about a microsecond of allocations less on a call
-// of 200 pairs. A call while the thread's scratch is taken (none is known: warnings reach Python
-// only after the call returns) or a list of more than kKeptPairs pairs gets a fresh one, so a
-// thread keeps about a kKeptPairs-pair list's worth at most (a little more where FBGEMM splits
-// pairs into chunks), until it exits.
-struct Scratch {
-  std::vector<c10::TensorImpl*> impls;
-  npu_dispatch::ShardedLane sharded;
-};
-constexpr size_t kKeptPairs = 4096;
-
-class ScratchLease {
- public:
-  explicit ScratchLease(size_t pairs) {
-    static thread_local Scratch kept;
-    static thread_local bool taken = false;
-    if (pairs <= kKeptPairs && !taken) {
-      taken = true;
-      taken_ = &taken;
-      scratch_ = &kept;
-    } else {
-      fresh_.emplace();
-      scratch_ = &*fresh_;
-    }
-  }
-  ~ScratchLease() {
-    if (taken_ != nullptr) *taken_ = false;
-  }
-  ScratchLease(const ScratchLease&) = delete;
-  ScratchLease& operator=(const ScratchLease&) = delete;
-  Scratch& get() { return *scratch_; }
-
- private:
-  bool* taken_ = nullptr;
-  Scratch* scratch_ = nullptr;
-  std::optional<Scratch> fresh_;
-};
 
 // The direct op's answer once the copy and its bumps are done: the count vector for the mode's
 // front, else True with the call counted in the direct op's stats.
@@ -226,54 +166,30 @@ PyObject* foreach_copy_direct(PyObject* /*self*/, PyObject* const* args, Py_ssiz
   // The GIL stays held from here to the copy (or the references below are taken), so the
   // lists cannot change under the raw TensorImpl pointers.
   const size_t n = static_cast<size_t>(dn);
-  ScratchLease lease(n);
-  Scratch& scratch = lease.get();
-  auto& impls = scratch.impls;
-  impls.resize(2 * n);
-  if (!unpack_impls(dl, impls.data()) || !unpack_impls(sl, impls.data() + n)) Py_RETURN_FALSE;
-  const auto caps = npu_dispatch::current_capabilities();
-  const bool grad_check = c10::GradMode::is_enabled();
-  // Filled only when the copy drops the GIL; released last (on return, GIL held), after the bumps
-  // below have used the TensorImpl pointers it keeps alive.
+  const auto caps = npu_dispatch::current_capabilities();  // the lane keeps pointers into it
+  npu_dispatch::LaneCall call(n);
+  c10::TensorImpl** impls = call.impls();
+  if (!unpack_impls(dl, impls) || !unpack_impls(sl, impls + n)) Py_RETURN_FALSE;
+  // Filled only when the copy drops the GIL; released last (on return, GIL held), after the
+  // bumps have used the TensorImpl pointers it keeps alive.
   PyRefs refs;
-  auto hold_items = [&] {
-    refs.reserve(2 * n);
-    for (size_t i = 0; i < n; ++i) {
-      refs.add(ditems[i]);
-      refs.add(sitems[i]);
-    }
-  };
-  std::vector<int64_t> counts;
-  if (npu_dispatch::ShardedLane::wanted(n)) {
-    // Checks split across threads; a call under the GIL threshold is copied in the same region.
-    npu_dispatch::ShardedLane& lane = scratch.sharded;
-    switch (lane.prepare(impls.data(), impls.data() + n, n, *caps, grad_check, kReleaseGilBytes)) {
-      case npu_dispatch::ShardedLane::Outcome::Refused:
-        Py_RETURN_FALSE;
-      case npu_dispatch::ShardedLane::Outcome::Copied:  // bumped too
-        return direct_done(from_mode, lane.counts(), t0);
-      case npu_dispatch::ShardedLane::Outcome::Prepared: {
-        hold_items();
-        pybind11::gil_scoped_release no_gil;
-        counts = lane.run();
-        break;
+  switch (call.prepare(*caps, c10::GradMode::is_enabled(), npu_dispatch::kReleaseGilBytes)) {
+    case npu_dispatch::LaneCall::Step::Refused:
+      Py_RETURN_FALSE;
+    case npu_dispatch::LaneCall::Step::Copied:
+      break;
+    case npu_dispatch::LaneCall::Step::Prepared: {
+      refs.reserve(2 * n);
+      for (size_t i = 0; i < n; ++i) {
+        refs.add(ditems[i]);
+        refs.add(sitems[i]);
       }
-    }
-  } else {
-    npu_dispatch::FastLane lane;
-    if (!lane.prepare(impls.data(), impls.data() + n, n, *caps, grad_check)) Py_RETURN_FALSE;
-    if (lane.bytes() > kReleaseGilBytes) {
-      hold_items();
       pybind11::gil_scoped_release no_gil;
-      counts = lane.run();
-    } else {
-      counts = lane.run();
+      call.copy();
+      break;
     }
   }
-  // One bump per listed destination, as stock's in-place op (the lane took only destinations
-  // with a version counter).
-  for (size_t i = 0; i < n; ++i) impls[i]->bump_version();
-  return direct_done(from_mode, counts, t0);
+  return direct_done(from_mode, call.counts(), t0);
   END_HANDLE_TH_ERRORS
 }
 
@@ -338,6 +254,53 @@ PyObject* plan(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   END_HANDLE_TH_ERRORS
 }
 
+PyObject* counts_or_none(const std::vector<int64_t>& v) {
+  if (v.empty()) Py_RETURN_NONE;
+  return to_tuple(v);
+}
+
+// mode_route_enter(mode[, probe]) -> None: `mode` (an NpuFastCopyMode) is pushed; the route may
+// serve it (csrc/mode_route.h), installed on the first call. `probe`: the benchmark's floor.
+PyObject* mode_route_enter(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 1 && nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "mode_route_enter(mode[, probe])");
+    return nullptr;
+  }
+  npu_dispatch::install_mode_route();
+  npu_dispatch::route_mode_entered(args[0], nargs == 2 && PyObject_IsTrue(args[1]) == 1);
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
+// mode_route_exit(mode) -> tuple | None: popped; the route's counters for it since the last
+// drain (native_stats.h layout), None if it was not entered.
+PyObject* mode_route_exit(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 1) {
+    PyErr_SetString(PyExc_TypeError, "mode_route_exit(mode)");
+    return nullptr;
+  }
+  return counts_or_none(npu_dispatch::route_mode_exited(args[0]));
+  END_HANDLE_TH_ERRORS
+}
+
+// mode_route_drain(mode) -> tuple | None: the route's counters for an entered mode since the
+// last drain.
+PyObject* mode_route_drain(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 1) {
+    PyErr_SetString(PyExc_TypeError, "mode_route_drain(mode)");
+    return nullptr;
+  }
+  return counts_or_none(npu_dispatch::drain_route_mode(args[0]));
+  END_HANDLE_TH_ERRORS
+}
+
+PyObject* mode_route_calls(PyObject* /*self*/, PyObject* const* /*args*/, Py_ssize_t /*nargs*/) {
+  return PyLong_FromLongLong(npu_dispatch::mode_route_calls());
+}
+
 PyMethodDef methods[] = {
     {"plan", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&plan)), METH_FASTCALL,
      "The plan of one _foreach_copy_, encoded; nothing is written."},
@@ -349,6 +312,14 @@ PyMethodDef methods[] = {
      METH_FASTCALL, "Benchmark probe: one empty parallel region on every torch thread."},
     {"touch_pairs", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&touch_pairs)),
      METH_FASTCALL, "Benchmark floor: read every pair's addresses and sizes, bump versions."},
+    {"mode_route_enter", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&mode_route_enter)),
+     METH_FASTCALL, "NpuFastCopyMode pushed: its dispatch route may serve it."},
+    {"mode_route_exit", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&mode_route_exit)),
+     METH_FASTCALL, "NpuFastCopyMode popped; returns the route's counters for it."},
+    {"mode_route_drain", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&mode_route_drain)),
+     METH_FASTCALL, "The route's counters for an entered NpuFastCopyMode since the last drain."},
+    {"mode_route_calls", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&mode_route_calls)),
+     METH_FASTCALL, "Calls the dispatch route has copied since load."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -22,7 +22,7 @@
 namespace npu_dispatch {
 namespace {
 
-constexpr int64_t kAbiVersion = 6;
+constexpr int64_t kAbiVersion = 7;
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(

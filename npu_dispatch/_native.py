@@ -41,7 +41,7 @@ __all__ = ["load", "available", "status", "build", "module", "planned_op", "dire
 log = logging.getLogger("npu_dispatch")
 
 _BASE_NAME = "npu_dispatch_native"
-_ABI_VERSION = 6
+_ABI_VERSION = 7
 _SOURCES = (
     "capability_table.cpp",
     "plan.cpp",
@@ -51,6 +51,8 @@ _SOURCES = (
     "cpu_copy_kernel.cpp",
     "fast_lane.cpp",
     "sharded_lane.cpp",
+    "lane_call.cpp",
+    "mode_route.cpp",
     "execute.cpp",
     "copy_call.cpp",
     "native_stats.cpp",
@@ -273,15 +275,19 @@ def push_capabilities() -> None:
     _npu_pending = pending
 
 
-# Layout of npu_dispatch::_drain_stats (csrc/native_stats.h).
-_DIRECT_OPS = ("npu_dispatch.foreach_copy_", "npu_dispatch.all_gather_copy_in")
+# Layout of npu_dispatch::_drain_stats and of the mode route's counters (csrc/native_stats.h).
+_DIRECT_OPS = ("npu_dispatch.foreach_copy_", "npu_dispatch.all_gather_copy_in", "aten._foreach_copy_")
 
 
 def _drain_into(stats: "_stats.CopyStats") -> None:
+    fold_counters(stats, torch.ops.npu_dispatch._drain_stats.default())
+
+
+def fold_counters(stats: "_stats.CopyStats", v) -> None:
+    """Add counters C++ kept (csrc/native_stats.h layout; None or all zero: nothing) to ``stats``."""
     from ._native_plan import KINDS
 
-    v = torch.ops.npu_dispatch._drain_stats.default()
-    if not any(v):
+    if not v or not any(v):
         return
     pos = 0
     for op in _DIRECT_OPS:

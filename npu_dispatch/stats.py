@@ -28,19 +28,27 @@ class CopyStats:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._sources: list = []
         self.reset()
 
     def reset(self) -> None:
+        """Zero every counter (counts a source still holds are dropped too)."""
+        self._sync()
         with self._lock:
-            self.calls: collections.Counter = collections.Counter()
-            self.tensors: collections.Counter = collections.Counter()
-            self.bytes: collections.Counter = collections.Counter()
-            self.launches: collections.Counter = collections.Counter()
-            self.op_calls: collections.Counter = collections.Counter()
-            self.fast_calls: collections.Counter = collections.Counter()
-            self.fallback_calls: collections.Counter = collections.Counter()
-            self.seconds: collections.Counter = collections.Counter()
-            self.fallback_reasons: collections.Counter = collections.Counter()
+            for name in _COUNTERS:
+                setattr(self, "_" + name, collections.Counter())
+
+    def add_source(self, drain) -> None:
+        """Register ``drain(stats)``, called before every read to fold in counts kept elsewhere
+        (NpuFastCopyMode's dispatch route counts in C++: csrc/mode_route.h)."""
+        self._sources.append(drain)
+
+    def remove_source(self, drain) -> None:
+        self._sources.remove(drain)
+
+    def _sync(self) -> None:
+        for drain in list(self._sources):
+            drain(self)
 
     def record(self, op: str, plan: "Plan", counts: dict, seconds: float) -> None:
         """Add one executed call. ``counts`` maps path -> (tensors, bytes, launches)."""
@@ -55,67 +63,68 @@ class CopyStats:
         """``record`` without a plan: ``reasons`` maps reason kind -> fallback pairs (a whole
         stock call counts once). What the native path reports, in O(1)."""
         with self._lock:
-            self.op_calls[op] += 1
-            self.seconds[op] += seconds
+            self._op_calls[op] += 1
+            self._seconds[op] += seconds
             for path, (tensors, nbytes, launches) in counts.items():
-                self.calls[path] += 1
-                self.tensors[path] += tensors
-                self.bytes[path] += nbytes
-                self.launches[path] += launches
+                self._calls[path] += 1
+                self._tensors[path] += tensors
+                self._bytes[path] += nbytes
+                self._launches[path] += launches
             if _FAST.intersection(counts):
-                self.fast_calls[op] += 1
+                self._fast_calls[op] += 1
             if "fallback" in counts or "stock" in counts:
-                self.fallback_calls[op] += 1
-            self.fallback_reasons.update(reasons)
+                self._fallback_calls[op] += 1
+            self._fallback_reasons.update(reasons)
 
     def add_op_totals(self, op: str, calls: int, fast_calls: int, fallback_calls: int, seconds: float) -> None:
         """Fold in per-op totals counted elsewhere (the C++ kernels of the direct ops)."""
         with self._lock:
-            self.op_calls[op] += calls
-            self.fast_calls[op] += fast_calls
-            self.fallback_calls[op] += fallback_calls
-            self.seconds[op] += seconds
+            self._op_calls[op] += calls
+            self._fast_calls[op] += fast_calls
+            self._fallback_calls[op] += fallback_calls
+            self._seconds[op] += seconds
 
     def add_path_totals(self, paths: dict, reasons: dict) -> None:
         """Fold in per-path totals: path -> (calls, tensors, bytes, launches), and reasons."""
         with self._lock:
             for path, (calls, tensors, nbytes, launches) in paths.items():
-                self.calls[path] += calls
-                self.tensors[path] += tensors
-                self.bytes[path] += nbytes
-                self.launches[path] += launches
-            self.fallback_reasons.update(reasons)
+                self._calls[path] += calls
+                self._tensors[path] += tensors
+                self._bytes[path] += nbytes
+                self._launches[path] += launches
+            self._fallback_reasons.update(reasons)
 
     def record_passthrough(self, op: str, kind: str) -> None:
         """A call handed to the stock op before planning (subclass, unsupported schema...)."""
         with self._lock:
-            self.op_calls[op] += 1
-            self.calls["stock"] += 1
-            self.fallback_calls[op] += 1
-            self.fallback_reasons[kind] += 1
+            self._op_calls[op] += 1
+            self._calls["stock"] += 1
+            self._fallback_calls[op] += 1
+            self._fallback_reasons[kind] += 1
 
     def as_dict(self) -> dict:
+        self._sync()
         with self._lock:
             return {
                 "paths": {
                     p: {
-                        "calls": self.calls[p],
-                        "tensors": self.tensors[p],
-                        "bytes": self.bytes[p],
-                        "launches": self.launches[p],
+                        "calls": self._calls[p],
+                        "tensors": self._tensors[p],
+                        "bytes": self._bytes[p],
+                        "launches": self._launches[p],
                     }
                     for p in PATHS
                 },
                 "ops": {
                     op: {
-                        "calls": self.op_calls[op],
-                        "fast_calls": self.fast_calls[op],
-                        "fallback_calls": self.fallback_calls[op],
-                        "seconds": self.seconds[op],
+                        "calls": self._op_calls[op],
+                        "fast_calls": self._fast_calls[op],
+                        "fallback_calls": self._fallback_calls[op],
+                        "seconds": self._seconds[op],
                     }
-                    for op in sorted(self.op_calls)
+                    for op in sorted(self._op_calls)
                 },
-                "fallback_reasons": dict(self.fallback_reasons),
+                "fallback_reasons": dict(self._fallback_reasons),
             }
 
     @property
@@ -145,6 +154,20 @@ class CopyStats:
 
     def __repr__(self) -> str:
         return self.report()
+
+
+def _counter(name: str) -> property:
+    def get(self) -> collections.Counter:
+        self._sync()
+        return getattr(self, "_" + name)
+
+    return property(get, doc=f"``{name}`` counter (a ``collections.Counter``), current as of this read.")
+
+
+_COUNTERS = ("calls", "tensors", "bytes", "launches", "op_calls", "fast_calls", "fallback_calls", "seconds",
+             "fallback_reasons")
+for _name in _COUNTERS:
+    setattr(CopyStats, _name, _counter(_name))
 
 
 def _table(header: list[str], rows: list[list]) -> str:

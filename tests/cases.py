@@ -41,6 +41,14 @@ def lane_calls() -> int:
 
     return _native.info()["fast_lane_calls"]
 
+
+def route_calls() -> int:
+    """Calls NpuFastCopyMode's native dispatch route has copied (csrc/mode_route.h)."""
+    from npu_dispatch import _native
+
+    return _native.module().mode_route_calls()
+
+
 FLOATS = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 INTS = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
 OTHERS = [torch.bool, torch.complex64, torch.complex128]
@@ -174,7 +182,7 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 # value(s) ... created by a stack allocation at copy_impl"). Stale stack memory then picks the
 # vectorized conversion (a NaN becomes 0xffff) or the scalar one (0x7fc0), so stock itself writes
 # either for the same input, depending on what ran before it (docs/stock_quirks.md).
-_STOCK_EITHER = (0x7FC0, 0xFFFF)
+STOCK_EITHER = (0x7FC0, 0xFFFF)
 
 
 def _zero_dim_casts(dsts, srcs) -> list[int]:
@@ -204,7 +212,7 @@ def _bound_undefined(dsts, srcs) -> None:
     on into other tensors, so its own source becomes a finite 1.0."""
     for k in _zero_dim_casts(dsts, srcs):
         word = dsts[k].view(torch.int16)
-        if (int(word) & 0xFFFF) in _STOCK_EITHER:
+        if (int(word) & 0xFFFF) in STOCK_EITHER:
             word.fill_(0)
         if any(_reads(s, dsts[k]) for s in srcs):
             srcs[k].fill_(1.0)
@@ -278,10 +286,10 @@ def assert_stock_error(make, entry, text: str) -> None:
 
 def _either(a: torch.Tensor, b: torch.Tensor, offset: int) -> None:
     """Blank the bf16 at byte ``offset`` of the byte tensors ``a`` and ``b``, in place, where both
-    hold one of stock's two encodings of that NaN (_STOCK_EITHER), so the rest still compares
+    hold one of stock's two encodings of that NaN (STOCK_EITHER), so the rest still compares
     bitwise."""
     words = [int.from_bytes(bytes(t[offset:offset + 2].tolist()), "little") for t in (a, b)]
-    if all(w in _STOCK_EITHER for w in words):
+    if all(w in STOCK_EITHER for w in words):
         a[offset:offset + 2] = 0
         b[offset:offset + 2] = 0
 

@@ -35,7 +35,8 @@ def test_quick_json_structure(quick_run, capsys):
     assert [r["name"] for r in result["workloads"]] == _ONLY
     tiny, overhead = result["workloads"]
 
-    floor = ({"pair_floor", "call_floor", "flat_direct", "copy_floor", "direct_copy_floor", "parallel_region"}
+    floor = ({"pair_floor", "call_floor", "flat_direct", "copy_floor", "direct_copy_floor", "parallel_region",
+              "null_route"}
              if npu_dispatch._native.available() else set())
     assert set(tiny["times_us"]) == {"stock", "direct", "mode", "mode_front", "bare_mode", "null_mode", "roofline"} | floor
     assert set(overhead["times_us"]) == {"no_mode", "bare_mode", "mode"}

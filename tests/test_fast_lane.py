@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 import npu_dispatch as nd
 from npu_dispatch import _native
-from cases import (Case, Pair, assert_same, assert_stock_error, bits, build, direct_copy, lane_calls, lane_cases, mode_copy,
-                   mode_paths, op_copy, run, stock_copy, storage_bytes)
+from cases import (STOCK_EITHER, Case, Pair, assert_same, assert_stock_error, bits, build, direct_copy, lane_calls,
+                   lane_cases, mode_copy, mode_paths, op_copy, run, stock_copy, storage_bytes)
 
 if not _native.available():
     if os.environ.get("NPU_DISPATCH_REQUIRE_NATIVE") == "1":
@@ -359,13 +359,19 @@ def test_zero_dim_nan_casts_follow_stock_whatever_came_before(before):
         nan = torch.tensor(0x7FC00000, dtype=torch.int32).view(f32)
         return [torch.zeros(before, dtype=bf16), torch.zeros((), dtype=bf16)], [torch.full(before, float("nan")), nan]
 
+    # Stock's own bits for a 0-dim fp32 -> bf16 NaN follow stale stack memory (docs/stock_quirks.md):
+    # there either of its two encodings passes, and every other destination compares exactly.
     d, s = make()
     stock_copy(d, s)
     want = [bits(t) for t in d]
     for entry in ENTRIES:
         d, s = make()
         entry(d, s)
-        assert all(torch.equal(bits(a), b) for a, b in zip(d, want)), entry.__name__
+        for a, b in zip(d, want):
+            if a.dim() == 0:
+                assert int.from_bytes(bytes(bits(a).tolist()), "little") in STOCK_EITHER, entry.__name__
+            else:
+                assert torch.equal(bits(a), b), entry.__name__
 
 
 def test_touch_pairs_refuses_tensors_without_storage():

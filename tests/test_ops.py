@@ -50,7 +50,7 @@ _STOCK_AFTER = {"strided_f32_u8": "0xffff", "f32_bf16": "0xffff", "f32_i32": "0x
 @pytest.mark.parametrize("native", ["1", "0"])
 @pytest.mark.parametrize("entry", ["direct", "op", "mode", "verify", "front"])
 def test_a_zero_dim_nan_cast_after_another_pair_matches_stock(native, entry):
-    # Stock's bits for a 0-dim fp32 -> bf16 NaN follow stale stack memory (cases._STOCK_EITHER), but
+    # Stock's bits for a 0-dim fp32 -> bf16 NaN follow stale stack memory (cases.STOCK_EITHER), but
     # in a fresh process, after a given pair of the same call, they repeat: 0xffff after a strided
     # NaN fp32 -> uint8 pair or an fp32 -> bf16 one, 0x7fc0 after an fp32 -> int32 one. Stock's
     # loop issued above ADInplaceOrView, as stock issues it, reproduces them: the native
@@ -90,7 +90,7 @@ print(hex(word(after_empty_cast)), hex(word(after_int_cast)))
 
 
 def test_stock_bits_of_a_zero_dim_bf16_nan_depend_on_stale_stack():
-    # The premise of cases._STOCK_EITHER, on stock alone: the same 0-dim fp32 NaN copied into bf16
+    # The premise of cases.STOCK_EITHER, on stock alone: the same 0-dim fp32 NaN copied into bf16
     # by the same op comes out 0xffff after an fp32 -> bf16 pair (even an empty one) and 0x7fc0
     # after an fp32 -> int32 pair: what the copy before it left on the stack decides. Should torch
     # stop reading those strides, this fails: compare strictly again.
