@@ -19,11 +19,13 @@ namespace {
 constexpr size_t kKeptPairs = 4096;
 }  // namespace
 
-bool lane_keys_plain(bool under_mode) {
-  if (c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView) ||
+bool lane_keys_plain(bool under_mode, bool* bumps) {
+  const bool below = c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView);
+  if ((below && bumps == nullptr) ||
       (under_mode && c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python))) {
     return false;
   }
+  if (bumps != nullptr) *bumps = !below;
   static const c10::DispatchKeySet usual({c10::DispatchKey::BackendSelect, c10::DispatchKey::ADInplaceOrView});
   static const c10::DispatchKeySet mode_keys({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot});
   return (c10::impl::tls_local_dispatch_key_set().included_ - usual - (under_mode ? mode_keys : c10::DispatchKeySet()))
@@ -52,7 +54,9 @@ LaneCall::~LaneCall() {
 }
 
 LaneCall::Step LaneCall::prepare(const CapabilityTable& caps, bool grad_check, int64_t max_held_bytes,
-                                 bool shard) {
+                                 bool shard, bool bump) {
+  TORCH_INTERNAL_ASSERT(bump || !shard, "the sharded lane always bumps");
+  bump_ = bump;
   c10::TensorImpl* const* d = impls_->data();
   c10::TensorImpl* const* s = d + n_;
   if (shard && ShardedLane::wanted(n_)) {
@@ -84,6 +88,7 @@ void LaneCall::copy() {
 // One bump per listed destination, as stock's in-place op (the lane took only destinations
 // with a version counter).
 void LaneCall::bump_all() {
+  if (!bump_) return;
   c10::TensorImpl* const* d = impls_->data();
   for (size_t i = 0; i < n_; ++i) d[i]->bump_version();
 }

@@ -25,12 +25,14 @@ namespace npu_dispatch {
 constexpr int64_t kReleaseGilBytes = 2 * 1024 * 1024;
 
 // The thread's dispatch keys leave the call to the kernel: none switched on beyond the usual
-// ones (with `under_mode`, also the two a dispatch mode switches on), so no functorch layer, JIT
-// tracer (its Tracer key), autocast... would act on it; ADInplaceOrView not excluded (below it,
-// torch._C._AutoDispatchBelowADInplaceOrView or inference_mode, stock bumps no version counter:
-// the general path decides there); with `under_mode`, Python not excluded
-// (torch._C._DisableTorchDispatch: the mode would not see the call either).
-bool lane_keys_plain(bool under_mode);
+// ones (with `under_mode`, also the two a dispatch mode switches on), so no functorch layer of
+// the calling frame or JIT tracer (its Tracer key) would act on it; with `under_mode`, Python not
+// excluded (torch._C._DisableTorchDispatch: the mode would not see the call either); and
+// ADInplaceOrView not excluded. Below ADInplaceOrView (torch._C._AutoDispatchBelowADInplaceOrView)
+// stock's copy_ loop bumps no version counter: with `bumps`, such a call passes and *bumps is set
+// to false (true otherwise); without it, the general path decides there. Autocast is switched on
+// by removing its keys from the excluded set, and its kernels fall through for _foreach_copy_.
+bool lane_keys_plain(bool under_mode, bool* bumps = nullptr);
 
 class LaneCall {
  public:
@@ -51,9 +53,12 @@ class LaneCall {
   // `max_held_bytes` bytes wait for copy(). With `grad_check`, a tensor that requires grad is
   // refused. Raises what FastLane::prepare raises, nothing written.
   // `shard`: lists of ShardedLane::wanted() length take the sharded lane (see mode_route.cpp for
-  // a caller that should not).
-  Step prepare(const CapabilityTable& caps, bool grad_check, int64_t max_held_bytes, bool shard = true);
-  // After Prepared: copies and bumps.
+  // a caller that should not). `bump`: move each destination's version counter once after the
+  // copy (false: none moves, as below ADInplaceOrView; the sharded lane always bumps, so this
+  // needs `shard` false).
+  Step prepare(const CapabilityTable& caps, bool grad_check, int64_t max_held_bytes, bool shard = true,
+               bool bump = true);
+  // After Prepared: copies (and bumps, as prepare() was told).
   void copy();
   // After Copied, or Prepared and copy(): the count vector of execute.h.
   const std::vector<int64_t>& counts() const { return counts_; }
@@ -71,6 +76,7 @@ class LaneCall {
   ShardedLane* sharded_ = nullptr;
   std::optional<FastLane> lane_;
   bool use_sharded_ = false;
+  bool bump_ = true;
   std::vector<int64_t> counts_;
 };
 

@@ -59,7 +59,8 @@ bool forward_ad_active() { return torch::autograd::ForwardADLevel::try_get_by_id
 
 bool route_lane(at::TensorList self, at::TensorList src) {
   const size_t n = self.size();
-  if (n == 0 || n != src.size() || !lane_keys_plain(/*under_mode=*/true)) return false;
+  bool bumps = true;
+  if (n == 0 || n != src.size() || !lane_keys_plain(/*under_mode=*/true, &bumps)) return false;
   const auto mode = sole_route_mode();
   if (mode == nullptr || forward_ad_active()) return false;
   if (mode->probe) return true;
@@ -75,7 +76,7 @@ bool route_lane(at::TensorList self, at::TensorList src) {
   // thread checks every pair: the binding then drops its reference to each tensor, and where
   // the sharded lane's other thread had read half of them, each of those writes first fetched
   // the line from that core (tiny_many: 185 to 193 us a call against 96 us with one thread).
-  switch (call.prepare(*caps, c10::GradMode::is_enabled(), kReleaseGilBytes, /*shard=*/false)) {
+  switch (call.prepare(*caps, c10::GradMode::is_enabled(), kReleaseGilBytes, /*shard=*/false, bumps)) {
     case LaneCall::Step::Refused:
       return false;
     case LaneCall::Step::Prepared:

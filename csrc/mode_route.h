@@ -9,8 +9,9 @@
 // to the mode's __torch_dispatch__, whose planner gives stock's results and errors.
 //
 // The lane takes a call only where the mode's handler would have reached stock's results by the
-// same lane (plain CPU tensors, no grad, no overlap): results, version bumps and errors are those
-// of the stock op without a mode.
+// same lane (plain CPU tensors, no overlap, nothing requiring grad under grad mode): results,
+// version bumps (none below ADInplaceOrView, as stock's copy_ loop makes none there) and errors
+// are those of the stock op without a mode.
 #pragma once
 
 #include <Python.h>
@@ -25,8 +26,8 @@ void install_mode_route();
 
 // `mode` (an NpuFastCopyMode the route may serve) was pushed / popped by this thread. Entries
 // nest; the object is kept alive while entered. GIL held. With `probe` (the benchmark's floor,
-// npu_dispatch/bench), the route takes every call it would have copied for `mode` and does
-// nothing: what reaching the route costs.
+// npu_dispatch/bench), the route takes every call that passes its context checks for `mode`
+// (the lane's own checks skipped) and does nothing: what reaching the route costs.
 void route_mode_entered(PyObject* mode, bool probe);
 // Returns the counters the route kept for `mode` since the last drain (native_stats.h layout),
 // and forgets it once its last entry is popped.

@@ -6,7 +6,7 @@ namespace npu_dispatch {
 namespace {
 
 constexpr int kOpFields = 4;
-constexpr int kLen = kNumDirectOps * kOpFields + kNumPaths * 4 + kNumKinds;
+constexpr int kLen = kNumCountedOps * kOpFields + kNumPaths * 4 + kNumKinds;
 
 OpStats& direct_stats() {
   static OpStats* s = new OpStats();  // never destroyed: kernels may run during exit
@@ -17,7 +17,7 @@ OpStats& direct_stats() {
 
 OpStats::OpStats() : acc_(kLen, 0) {}
 
-void OpStats::record(DirectOp op, const std::vector<int64_t>& v, int64_t nanoseconds) {
+void OpStats::record(CountedOp op, const std::vector<int64_t>& v, int64_t nanoseconds) {
   std::lock_guard<std::mutex> g(mutex_);
   int64_t* o = acc_.data() + op * kOpFields;
   o[0] += 1;
@@ -25,7 +25,7 @@ void OpStats::record(DirectOp op, const std::vector<int64_t>& v, int64_t nanosec
   o[1] += (used(kCoalesced) || used(kForeach)) ? 1 : 0;
   o[2] += (used(kFallback) || used(kStock)) ? 1 : 0;
   o[3] += nanoseconds;
-  int64_t* paths = acc_.data() + kNumDirectOps * kOpFields;
+  int64_t* paths = acc_.data() + kNumCountedOps * kOpFields;
   for (int p = 0; p < kNumPaths; ++p) {
     if (!used(static_cast<Path>(p))) continue;
     paths[4 * p] += 1;
@@ -42,7 +42,7 @@ std::vector<int64_t> OpStats::drain() {
   return out;
 }
 
-void record_direct(DirectOp op, const std::vector<int64_t>& counts, int64_t nanoseconds) {
+void record_direct(CountedOp op, const std::vector<int64_t>& counts, int64_t nanoseconds) {
   direct_stats().record(op, counts, nanoseconds);
 }
 

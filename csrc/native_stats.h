@@ -10,16 +10,16 @@
 
 namespace npu_dispatch {
 
-// kOpAtenForeachCopy is what the mode route counts (aten._foreach_copy_ under the mode).
-enum DirectOp : int { kOpForeachCopy = 0, kOpAllGatherCopyIn, kOpAtenForeachCopy, kNumDirectOps };
+// The ops C++ counts: the direct ops, and aten._foreach_copy_ as the mode's route takes it.
+enum CountedOp : int { kOpForeachCopy = 0, kOpAllGatherCopyIn, kOpAtenForeachCopy, kNumCountedOps };
 
 // One set of counters, safe to share between threads.
 class OpStats {
  public:
   OpStats();
   // `counts`: the count vector of execute.h for one executed call.
-  void record(DirectOp op, const std::vector<int64_t>& counts, int64_t nanoseconds);
-  // [kNumDirectOps x (calls, fast_calls, fallback_calls, nanoseconds)]
+  void record(CountedOp op, const std::vector<int64_t>& counts, int64_t nanoseconds);
+  // [kNumCountedOps x (calls, fast_calls, fallback_calls, nanoseconds)]
   // [kNumPaths x (calls, tensors, bytes, launches)] [kNumKinds reason counts]; then zeroed.
   std::vector<int64_t> drain();
 
@@ -29,7 +29,7 @@ class OpStats {
 };
 
 // The counters of the direct ops called outside any mode (npu_dispatch.stats.global_stats).
-void record_direct(DirectOp op, const std::vector<int64_t>& counts, int64_t nanoseconds);
+void record_direct(CountedOp op, const std::vector<int64_t>& counts, int64_t nanoseconds);
 std::vector<int64_t> drain_direct();
 
 }  // namespace npu_dispatch

@@ -259,14 +259,17 @@ PyObject* counts_or_none(const std::vector<int64_t>& v) {
   return to_tuple(v);
 }
 
+bool arity(Py_ssize_t nargs, Py_ssize_t lo, Py_ssize_t hi, const char* usage) {
+  if (nargs >= lo && nargs <= hi) return true;
+  PyErr_SetString(PyExc_TypeError, usage);
+  return false;
+}
+
 // mode_route_enter(mode[, probe]) -> None: `mode` (an NpuFastCopyMode) is pushed; the route may
 // serve it (csrc/mode_route.h), installed on the first call. `probe`: the benchmark's floor.
 PyObject* mode_route_enter(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
-  if (nargs != 1 && nargs != 2) {
-    PyErr_SetString(PyExc_TypeError, "mode_route_enter(mode[, probe])");
-    return nullptr;
-  }
+  if (!arity(nargs, 1, 2, "mode_route_enter(mode[, probe])")) return nullptr;
   npu_dispatch::install_mode_route();
   npu_dispatch::route_mode_entered(args[0], nargs == 2 && PyObject_IsTrue(args[1]) == 1);
   Py_RETURN_NONE;
@@ -277,10 +280,7 @@ PyObject* mode_route_enter(PyObject* /*self*/, PyObject* const* args, Py_ssize_t
 // drain (native_stats.h layout), None if it was not entered.
 PyObject* mode_route_exit(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
-  if (nargs != 1) {
-    PyErr_SetString(PyExc_TypeError, "mode_route_exit(mode)");
-    return nullptr;
-  }
+  if (!arity(nargs, 1, 1, "mode_route_exit(mode)")) return nullptr;
   return counts_or_none(npu_dispatch::route_mode_exited(args[0]));
   END_HANDLE_TH_ERRORS
 }
@@ -289,10 +289,7 @@ PyObject* mode_route_exit(PyObject* /*self*/, PyObject* const* args, Py_ssize_t 
 // last drain.
 PyObject* mode_route_drain(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
-  if (nargs != 1) {
-    PyErr_SetString(PyExc_TypeError, "mode_route_drain(mode)");
-    return nullptr;
-  }
+  if (!arity(nargs, 1, 1, "mode_route_drain(mode)")) return nullptr;
   return counts_or_none(npu_dispatch::drain_route_mode(args[0]));
   END_HANDLE_TH_ERRORS
 }

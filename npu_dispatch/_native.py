@@ -276,7 +276,7 @@ def push_capabilities() -> None:
 
 
 # Layout of npu_dispatch::_drain_stats and of the mode route's counters (csrc/native_stats.h).
-_DIRECT_OPS = ("npu_dispatch.foreach_copy_", "npu_dispatch.all_gather_copy_in", "aten._foreach_copy_")
+_COUNTED_OPS = ("npu_dispatch.foreach_copy_", "npu_dispatch.all_gather_copy_in", "aten._foreach_copy_")
 
 
 def _drain_into(stats: "_stats.CopyStats") -> None:
@@ -290,7 +290,7 @@ def fold_counters(stats: "_stats.CopyStats", v) -> None:
     if not v or not any(v):
         return
     pos = 0
-    for op in _DIRECT_OPS:
+    for op in _COUNTED_OPS:
         calls, fast, fallback, ns = v[pos:pos + 4]
         pos += 4
         if calls:

@@ -148,10 +148,12 @@ class NpuFastCopyMode(TorchDispatchMode):
     With the native library (and without ``verify``), a call of ``aten._foreach_copy_`` while this
     mode is the only dispatch mode active is first offered to its dispatch route
     (csrc/mode_route.h), a C++ kernel at the PythonTLSSnapshot key: where the fast lane takes the
-    lists whole (plain contiguous CPU pairs, no grad, no overlap, no forward AD, no functorch
-    layer, tracer or autocast at work) it copies them there, before the dispatcher boxes every
-    tensor for ``__torch_dispatch__`` (about 0.2 us a tensor); anything else reaches the handler
-    below unchanged. A mode entered with ``verify`` set gets no route (its comparison with stock
+    lists whole (plain contiguous CPU pairs, no overlap, no tensor that requires grad while grad
+    mode is on) and nothing else would act on the call (no forward-AD level, JIT tracer, Python
+    dispatcher or functorch layer around it; no ``torch._C._DisableTorchDispatch``), it copies
+    them there, before the dispatcher boxes every tensor for ``__torch_dispatch__`` (about 0.2 us
+    a tensor), with stock's version bumps (none below ADInplaceOrView, as stock's); anything else
+    reaches the handler below unchanged. A mode entered with ``verify`` set gets no route (its comparison with stock
     runs in the handler).
 
     ``stats`` (:class:`npu_dispatch.CopyStats`) counts calls, tensors, bytes and device launches
@@ -178,7 +180,13 @@ class NpuFastCopyMode(TorchDispatchMode):
         if front is not None:
             front.__enter__()
         self._fronts.append(front)
-        self._routes.append(self._enter_route())
+        try:
+            self._routes.append(self._enter_route())
+        except BaseException:
+            # Leave nothing pushed: a with-statement whose __enter__ raises never calls __exit__.
+            self._routes.append(None)
+            self.__exit__(None, None, None)
+            raise
         return out
 
     def _enter_route(self):

@@ -43,9 +43,6 @@ class CopyStats:
         (NpuFastCopyMode's dispatch route counts in C++: csrc/mode_route.h)."""
         self._sources.append(drain)
 
-    def remove_source(self, drain) -> None:
-        self._sources.remove(drain)
-
     def _sync(self) -> None:
         for drain in list(self._sources):
             drain(self)

@@ -49,11 +49,11 @@ class NullMode(TorchDispatchMode):
 
 
 class NullRoute(TorchDispatchMode):
-    """``aten._foreach_copy_`` taken by the native dispatch route (csrc/mode_route.h) where it
-    would copy NpuFastCopyMode's calls, and then not copied: what reaching the route costs (the
-    stock binding's parse of both lists, the dispatcher, the route's look at the context), the
-    lower bound of any mode that handles the op below the Python binding. Other ops (the timer's
-    own) pass through."""
+    """``aten._foreach_copy_`` taken by the native dispatch route (csrc/mode_route.h) and not
+    copied: every call that passes the route's context checks (the lane's own checks are skipped),
+    so what reaching the route costs (the stock binding's parse of both lists, the dispatcher, the
+    route's look at the context), the lower bound of any mode that handles the op below the
+    Python binding. Other ops (the timer's own) pass through."""
 
     def __enter__(self):
         out = super().__enter__()
