@@ -73,9 +73,9 @@ bool route_lane(at::TensorList self, at::TensorList src) {
     impls[n + i] = src[i].unsafeGetTensorImpl();
   }
   // The caller's lists own the tensors for the whole call, and no GIL is held here. One
-  // thread checks every pair: the binding then drops its reference to each tensor, and where
-  // the sharded lane's other thread had read half of them, each of those writes first fetched
-  // the line from that core (tiny_many: 185 to 193 us a call against 96 us with one thread).
+  // thread checks every pair: after the call the binding drops its reference to each tensor,
+  // and the lines the sharded lane's other thread had read come back from that core first;
+  // measured, sharding gained nothing here (docs/profile.md, "The mode's dispatch route").
   switch (call.prepare(*caps, c10::GradMode::is_enabled(), kReleaseGilBytes, /*shard=*/false, bumps)) {
     case LaneCall::Step::Refused:
       return false;
