@@ -13,8 +13,10 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 
 #include "capability_table.h"
+#include "fast_lane.h"
 #include "lane_call.h"
 #include "native_stats.h"
 
@@ -25,6 +27,7 @@ struct RouteMode {
   PyObject* mode = nullptr;
   int64_t depth = 0;
   bool probe = false;  // a benchmark's floor: take the call and do nothing
+  std::optional<std::pair<at::Tensor, at::Tensor>> probe_copy;  // (dst, src): copied instead
   OpStats stats;
 };
 
@@ -57,13 +60,27 @@ std::shared_ptr<RouteMode> sole_route_mode() {
 // stack from 0, so none at 0 means no tensor has one.
 bool forward_ad_active() { return torch::autograd::ForwardADLevel::try_get_by_idx(0) != nullptr; }
 
+// One pair through the fast lane (a probe's bytes); false where the lane refuses it.
+bool probe_copy(const std::pair<at::Tensor, at::Tensor>& pair) {
+  const auto caps = current_capabilities();  // the lane keeps pointers into it
+  FastLane lane;
+  if (!lane.prepare(at::TensorList(&pair.first, 1), at::TensorList(&pair.second, 1), *caps)) {
+    return false;
+  }
+  lane.run();
+  return true;
+}
+
 bool route_lane(at::TensorList self, at::TensorList src) {
   const size_t n = self.size();
   bool bumps = true;
   if (n == 0 || n != src.size() || !lane_keys_plain(/*under_mode=*/true, &bumps)) return false;
   const auto mode = sole_route_mode();
   if (mode == nullptr || forward_ad_active()) return false;
-  if (mode->probe) return true;
+  if (mode->probe) {
+    if (mode->probe_copy) probe_copy(*mode->probe_copy);
+    return true;
+  }
   const auto t0 = std::chrono::steady_clock::now();
   const auto caps = current_capabilities();  // the lane keeps pointers into it
   LaneCall call(n);
@@ -114,13 +131,18 @@ void install_mode_route() {
   });
 }
 
-void route_mode_entered(PyObject* mode, bool probe) {
+void route_mode_entered(PyObject* mode, bool probe,
+                        const std::optional<std::pair<at::Tensor, at::Tensor>>& probe_copy_pair) {
+  if (probe_copy_pair && !probe_copy(*probe_copy_pair)) {
+    throw std::invalid_argument("probe copy: the fast lane refuses this pair (two contiguous CPU tensors of one shape)");
+  }
   std::lock_guard<std::mutex> g(g_mutex);
   auto m = find_locked(mode);
   if (m == nullptr) {
     m = std::make_shared<RouteMode>();
     m->mode = mode;
     m->probe = probe;
+    m->probe_copy = probe_copy_pair;
     Py_INCREF(mode);  // its address stays its own while the route may match it
     g_modes.push_back(m);
     g_entered.fetch_add(1, std::memory_order_relaxed);

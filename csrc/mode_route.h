@@ -16,7 +16,11 @@
 
 #include <Python.h>
 
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
+#include <optional>
+#include <utility>
 #include <vector>
 
 namespace npu_dispatch {
@@ -27,8 +31,13 @@ void install_mode_route();
 // `mode` (an NpuFastCopyMode the route may serve) was pushed / popped by this thread. Entries
 // nest; the object is kept alive while entered. GIL held. With `probe` (the benchmark's floor,
 // npu_dispatch/bench), the route takes every call that passes its context checks for `mode`
-// (the lane's own checks skipped) and does nothing: what reaching the route costs.
-void route_mode_entered(PyObject* mode, bool probe);
+// (the lane's own checks skipped) and does nothing: what reaching the route costs. With
+// `probe_copy` too, it copies probe_copy->second into probe_copy->first (the fast lane, one
+// pair) instead of the call's lists: reaching the route and moving as many bytes with no
+// per-pair work. The pair is copied once on entry to check it: std::invalid_argument (nothing
+// entered) where the lane refuses it.
+void route_mode_entered(PyObject* mode, bool probe,
+                        const std::optional<std::pair<at::Tensor, at::Tensor>>& probe_copy = std::nullopt);
 // Returns the counters the route kept for `mode` since the last drain (native_stats.h layout),
 // and forgets it once its last entry is popped.
 std::vector<int64_t> route_mode_exited(PyObject* mode);

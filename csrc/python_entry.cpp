@@ -265,13 +265,29 @@ bool arity(Py_ssize_t nargs, Py_ssize_t lo, Py_ssize_t hi, const char* usage) {
   return false;
 }
 
-// mode_route_enter(mode[, probe]) -> None: `mode` (an NpuFastCopyMode) is pushed; the route may
-// serve it (csrc/mode_route.h), installed on the first call. `probe`: the benchmark's floor.
+// mode_route_enter(mode[, probe[, probe_dst, probe_src]]) -> None: `mode` (an NpuFastCopyMode)
+// is pushed; the route may serve it (csrc/mode_route.h), installed on the first call. `probe`:
+// the benchmark's floor; with the two tensors, it copies them instead of the call's lists
+// (ValueError where the fast lane refuses that pair).
 PyObject* mode_route_enter(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
-  if (!arity(nargs, 1, 2, "mode_route_enter(mode[, probe])")) return nullptr;
+  static const char* usage = "mode_route_enter(mode[, probe[, probe_dst, probe_src]])";
+  if (!arity(nargs, 1, 4, usage)) return nullptr;
+  std::optional<std::pair<at::Tensor, at::Tensor>> probe_copy;
+  if (nargs >= 3) {
+    if (nargs != 4 || !THPVariable_Check(args[2]) || !THPVariable_Check(args[3])) {
+      PyErr_SetString(PyExc_TypeError, usage);
+      return nullptr;
+    }
+    probe_copy.emplace(THPVariable_Unpack(args[2]), THPVariable_Unpack(args[3]));
+  }
   npu_dispatch::install_mode_route();
-  npu_dispatch::route_mode_entered(args[0], nargs == 2 && PyObject_IsTrue(args[1]) == 1);
+  try {
+    npu_dispatch::route_mode_entered(args[0], nargs >= 2 && PyObject_IsTrue(args[1]) == 1, probe_copy);
+  } catch (const std::invalid_argument& e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+    return nullptr;
+  }
   Py_RETURN_NONE;
   END_HANDLE_TH_ERRORS
 }

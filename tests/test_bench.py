@@ -36,7 +36,7 @@ def test_quick_json_structure(quick_run, capsys):
     tiny, overhead = result["workloads"]
 
     floor = ({"pair_floor", "call_floor", "flat_direct", "copy_floor", "direct_copy_floor", "parallel_region",
-              "null_route"}
+              "null_route", "null_route_copy"}
              if npu_dispatch._native.available() else set())
     assert set(tiny["times_us"]) == {"stock", "direct", "mode", "mode_front", "bare_mode", "null_mode", "roofline"} | floor
     assert set(overhead["times_us"]) == {"no_mode", "bare_mode", "mode"}
@@ -54,6 +54,8 @@ def test_quick_json_structure(quick_run, capsys):
         assert m["efficiency_bound"] == max(m["efficiency_bound_hot"], m["efficiency_bound_after_copy"])
         (mode_check,) = [c for c in tiny["checks"] if c["metric"] == "speedup_mode"]
         assert mode_check["ceiling"] == m["speedup_mode_ceiling"]
+        med = {k: v["median_us"] for k, v in tiny["times_us"].items()}
+        assert m["speedup_mode_ceiling"] == med["stock"] / min(med["null_mode"], med["null_route_copy"])
     assert "extra_us_vs_bare_mode" in overhead["metrics"]
 
     assert tiny["pairs"] == 512 and tiny["elements"] == sum(workloads.TINY_SIZES)
@@ -149,6 +151,34 @@ def test_copy_floor_variants_copy_then_touch_every_pair():
     assert [t._version for t in args.dsts] == [2, 2] and all(t.count_nonzero() == 0 for t in args.dsts)
     flat = by["copy_floor"].globals["flat_dst"]
     assert torch.equal(flat, by["copy_floor"].globals["flat_src"])
+
+
+def test_null_route_copy_moves_the_flat_bytes_and_leaves_the_lists():
+    if not npu_dispatch._native.available():
+        pytest.skip(f"native library not built: {npu_dispatch._native.status()[1]}")
+    args = workloads.ForeachArgs([torch.zeros(3), torch.zeros(5)], [torch.ones(3), torch.ones(5)])
+    by = {v.name: v for v in suite.variants(args)}
+    flat_dst, flat_src = by["null_route_copy"].globals["flat_dst"], by["null_route_copy"].globals["flat_src"]
+    flat_dst.zero_()
+    calls = npu_dispatch._native.module().mode_route_calls()
+    by["null_route_copy"].run_once()
+    # The route took the call (no copy counted, nothing written to the lists, no version moved)
+    # and moved the roofline's bytes instead.
+    assert npu_dispatch._native.module().mode_route_calls() == calls
+    assert [t._version for t in args.dsts] == [0, 0] and all(t.count_nonzero() == 0 for t in args.dsts)
+    assert torch.equal(flat_dst, flat_src) and flat_src.count_nonzero() > 0
+
+
+def test_null_route_copy_refuses_a_pair_the_lane_refuses():
+    if not npu_dispatch._native.available():
+        pytest.skip(f"native library not built: {npu_dispatch._native.status()[1]}")
+    a, b = torch.zeros(8), torch.ones(8)
+    with pytest.raises(ValueError, match="fast lane refuses"):
+        with suite.NullRoute((a[::2], b[::2])):
+            pass
+    assert torch._C._len_torch_dispatch_stack() == 0 and a.count_nonzero() == 0
+    with pytest.raises(TypeError, match="mode_route_enter"):
+        npu_dispatch._native.module().mode_route_enter(suite.NullRoute(), True, a)
 
 
 def test_bound_column_shows_both_estimates():

@@ -50,7 +50,7 @@ def tables(result: dict) -> str:
     copy, disp, checks = [], [], []
     for r in rows:
         if _unmeasured(r):
-            copy.append([r["name"]] + ["-"] * 20 + [_unmeasured(r)])
+            copy.append([r["name"]] + ["-"] * 21 + [_unmeasured(r)])
             continue
         t = {k: v["median_us"] for k, v in r["times_us"].items()}
         m = r["metrics"]
@@ -63,7 +63,7 @@ def tables(result: dict) -> str:
             copy.append([
                 r["name"], str(r["pairs"]), f"{r['elements']:,}", _us(t["stock"]), _us(t["direct"]),
                 _us(t["mode"]), _us(t.get("mode_front")), _us(t["bare_mode"]), _us(t.get("null_mode")),
-                _us(t.get("null_route")), _us(t["roofline"]),
+                _us(t.get("null_route")), _us(t.get("null_route_copy")), _us(t["roofline"]),
                 _us(copy_floor(t)),
                 _x(m["speedup_direct"]), _x(m["speedup_mode"]), _x(m.get("speedup_mode_front")),
                 _x(m["speedup_mode_ceiling"]),
@@ -81,7 +81,7 @@ def tables(result: dict) -> str:
     if copy:
         out.append(_md(
             ["workload", "pairs", "elements", "stock us", "direct us", "mode us", "mode front us", "bare mode us",
-             "null mode us", "null route us", "roofline us", "floor us", "stock/direct", "stock/mode",
+             "null mode us", "null route us", "null route + copy us", "roofline us", "floor us", "stock/direct", "stock/mode",
              "stock/mode front", "mode ceiling",
              "eff direct", "eff mode", "eff bound (hot / after copy)", "launches (ours)", "bitwise = stock", "targets"],
             copy,
@@ -159,8 +159,11 @@ def write_markdown(result: dict, path: str, chart: str | None) -> None:
         "call delivered to a dispatch mode that returns without doing anything (the floor of a mode "
         "that handles the op in Python); *null route*: the stock call taken by this library's "
         "native dispatch route (csrc/mode_route.h, how `NpuFastCopyMode` copies plain lists) and "
-        "then not copied (the floor of a mode that handles it below the Python binding); *mode "
-        "ceiling*: stock / the faster of the two, the best speed-up a dispatch mode can reach; "
+        "then not copied (what reaching it costs); *null route + copy*: the same, the route moving "
+        "the call's bytes as one flat copy between the roofline's buffers instead (the floor of a "
+        "mode that copies below the Python binding: no per-pair work at all); *mode ceiling*: "
+        "stock / the faster of the null mode and the null route + copy, the best speed-up a "
+        "dispatch mode can reach; "
         "*roofline*: one flat `copy_` of as many elements with the same dtypes between two contiguous "
         "buffers; *floor*: the faster of the roofline and this library's kernel on the same flat "
         "buffers, followed in the same timed statement by only the per-pair work any exact foreach "
@@ -200,6 +203,7 @@ _SERIES = (  # (label, variant name per kind)
     ("bare pass-through mode", {"copy": "bare_mode", "dispatch": "bare_mode"}),
     ("null mode (delivery to Python only)", {"copy": "null_mode"}),
     ("null route (delivery to the native route only)", {"copy": "null_route"}),
+    ("null route + one flat copy of the bytes", {"copy": "null_route_copy"}),
     ("per-pair work alone (no copy)", {"copy": "pair_floor"}),
 )
 

@@ -53,11 +53,22 @@ class NullRoute(TorchDispatchMode):
     copied: every call that passes the route's context checks (the lane's own checks are skipped),
     so what reaching the route costs (the stock binding's parse of both lists, the dispatcher, the
     route's look at the context), the lower bound of any mode that handles the op below the
-    Python binding. Other ops (the timer's own) pass through."""
+    Python binding. With ``copy=(dst, src)`` (two contiguous CPU tensors of one shape) the route
+    copies ``src`` into ``dst`` instead, with the fast lane's kernel: reaching the route and moving
+    a call's bytes as one flat copy, no per-pair work; ValueError on entry where the lane refuses
+    that pair. Other ops (the timer's own) pass through."""
+
+    def __init__(self, copy: tuple[torch.Tensor, torch.Tensor] | None = None):
+        super().__init__()
+        self._copy = () if copy is None else tuple(copy)
 
     def __enter__(self):
         out = super().__enter__()
-        _native.module().mode_route_enter(self, True)
+        try:
+            _native.module().mode_route_enter(self, True, *self._copy)
+        except BaseException:
+            super().__exit__(None, None, None)
+            raise
         return out
 
     def __exit__(self, exc_type, exc_value, traceback):
@@ -94,7 +105,9 @@ def variants(args) -> list[timing.Variant]:
     touches in one timed statement (the touches then meet the metadata as a real call does, after
     a copy has moved the bytes through the caches), and ``parallel_region``, one empty parallel
     region on every torch thread (what starting and joining them costs in that round), and
-    ``null_route`` (:class:`NullRoute`: the lower bound of a mode below the binding); for
+    ``null_route`` (:class:`NullRoute`: the lower bound of a mode below the binding),
+    ``null_route_copy`` (the same, moving the call's bytes as the roofline's one flat copy in the
+    route: the lower bound of a mode below the binding that copies); for
     foreach lists also ``mode_front``, the stock call under ``NpuFastCopyMode(front=True)``.
     ``DispatchArgs``: ``no_mode``, ``bare_mode`` (:class:`PassThroughMode`), ``mode``.
     """
@@ -122,6 +135,7 @@ def variants(args) -> list[timing.Variant]:
         if module is not None:
             g.update(touch_pairs=module.touch_pairs, no_tensors=[], region_probe=module.region_probe)
             bounds += [V("null_route", stock, g, NullRoute),
+                       V("null_route_copy", stock, g, functools.partial(NullRoute, (g["flat_dst"], g["flat_src"]))),
                        V("pair_floor", "touch_pairs(dsts, srcs)", g),
                       # An empty parallel region: on a VM its cost moves between levels, and
                       # every timing that spreads work over threads moves with it (per round).
@@ -272,8 +286,9 @@ def metrics_of(kind: str, med: dict[str, float]) -> dict:
             "efficiency_mode": _ratio(med["roofline"], med["mode"]),
             "efficiency_stock": _ratio(med["roofline"], med["stock"]),
             "speedup_mode_floor": _ratio(med["stock"], med["bare_mode"]),
-            # No dispatch mode that handles the op can beat this: it costs only the delivery, to
-            # Python or to the native route, whichever is cheaper.
+            # No dispatch mode that handles the op can beat this: delivered to Python and dropped,
+            # or taken by the native route with its bytes moved as one flat copy, whichever is
+            # cheaper.
             "speedup_mode_ceiling": _ratio(med["stock"], _delivery_floor(med)),
             # Two estimates of the best efficiency an exact foreach copy of these lists reaches
             # here, from the fastest flat copy of the bytes measured plus the per-pair work
@@ -292,7 +307,10 @@ def metrics_of(kind: str, med: dict[str, float]) -> dict:
 
 
 def _delivery_floor(med: dict) -> float | None:
-    known = [med[k] for k in ("null_mode", "null_route") if k in med]
+    """The faster of the null mode and the route's floor: ``null_route_copy`` where timed, else
+    ``null_route``."""
+    route = med.get("null_route_copy", med.get("null_route"))
+    known = [v for v in (med.get("null_mode"), route) if v is not None]
     return min(known) if known else None
 
 
