@@ -102,6 +102,16 @@ def _install_handlers() -> None:
     _TABLE.update({id(op): (op, h, f"{op.namespace}.{op._opname}") for op, h in entries.items()})
 
 
+_INFRA_KEYS = (torch._C._TorchDispatchModeKey.PROXY, torch._C._TorchDispatchModeKey.FAKE,
+               torch._C._TorchDispatchModeKey.FUNCTIONAL)
+
+
+def _infra_mode_below() -> bool:
+    """Whether an infra dispatch mode (proxy, fake, functional: always below the user modes) is
+    set on this thread."""
+    return any(torch._C._get_dispatch_mode(k) is not None for k in _INFRA_KEYS)
+
+
 class _Front(TorchFunctionMode):
     """NpuFastCopyMode's front: a Python call of ``torch._foreach_copy_`` (FSDP2 makes them) that
     the fast lane takes is copied here, before the dispatcher boxes every tensor of both lists
@@ -159,7 +169,11 @@ class NpuFastCopyMode(TorchDispatchMode):
     ``stats`` (:class:`npu_dispatch.CopyStats`) counts calls, tensors, bytes and device launches
     per path and fallbacks by reason, the route's calls included; ``stats.report()`` renders them.
     Tensor subclasses (DTensor ...) are handed back to their own ``__torch_dispatch__``; the
-    plain-tensor copies they issue come back to the mode. ``ignore_compile_internals()`` is True, so ``torch.compile`` still
+    plain-tensor copies they issue come back to the mode. While an infra dispatch mode is set
+    below it (make_fx's proxy mode under ``tracing_mode="real"``, a ``FakeTensorMode``,
+    functionalization), every intercepted op goes on to stock unchanged (fallback reason
+    ``infra_mode``), so the trace records it; user modes entered before this one do not see the
+    ops it copies. ``ignore_compile_internals()`` is True, so ``torch.compile`` still
     compiles while the mode is active (Dynamo skips frames under any other user mode).
     """
 
@@ -265,6 +279,12 @@ class NpuFastCopyMode(TorchDispatchMode):
             return func(*args, **(kwargs or {}))
         if engine.busy():
             # A stock call issued by the engine of a mode nested inside this one.
+            return func(*args, **(kwargs or {}))
+        if torch._C._len_torch_dispatch_stack() and _infra_mode_below():
+            # make_fx's proxy mode (tracing_mode="real"), FakeTensorMode or functionalization
+            # sits below every user mode and must see the op itself: a native copy here would
+            # leave it out of a traced graph.
+            self.stats.record_passthrough(name, "infra_mode")
             return func(*args, **(kwargs or {}))
         if types and any(t is not torch.Tensor for t in types):
             if all(t is torch.Tensor or is_traceable_wrapper_subclass_type(t) for t in types):

@@ -276,6 +276,46 @@ class _Passthrough(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def _traced_copy(d, s):
+    torch._foreach_copy_(d, s)
+    return d
+
+
+def _traced_copy_in(inputs, out):
+    return torch.ops.fsdp.all_gather_copy_in(inputs, out, [3, 5], 8, 1)
+
+
+@pytest.mark.parametrize("op", ["foreach_copy_", "all_gather_copy_in"])
+def test_make_fx_real_under_the_mode_records_the_op(op):
+    # make_fx's proxy mode is an infra mode, below every user mode: the mode must let the op
+    # reach it, or the graph would lose the copy.
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    if op == "foreach_copy_":
+        fn, target = _traced_copy, torch.ops.aten._foreach_copy_.default
+        make_args = lambda: ([torch.zeros(3), torch.zeros(5)], [torch.randn(3), torch.randn(5)])  # noqa: E731
+    else:
+        fn, target = _traced_copy_in, torch.ops.fsdp.all_gather_copy_in.default
+        make_args = lambda: ([torch.randn(3), torch.randn(5)], torch.zeros(16))  # noqa: E731
+    stock_graph = make_fx(fn, tracing_mode="real")(*make_args())
+    mode = nd.NpuFastCopyMode()
+    with mode:
+        graph = make_fx(fn, tracing_mode="real")(*make_args())
+    targets = [n.target for n in graph.graph.nodes if n.op == "call_function"]
+    assert targets == [n.target for n in stock_graph.graph.nodes if n.op == "call_function"]
+    assert target in targets
+    assert mode.stats.fallback_reasons["infra_mode"] == 1
+    # The traced graph, run later without the mode, copies as stock.
+    torch.manual_seed(0)
+    args = make_args()
+    torch.manual_seed(0)
+    ref = make_args()
+    out, want = graph(*args), fn(*ref)
+    leaves = torch.utils._pytree.tree_leaves
+    assert len(leaves(out)) == len(leaves(want))
+    assert all(torch.equal(bits(a), bits(b)) for a, b in zip(leaves(out), leaves(want)))
+
+
 def test_under_another_mode_results_still_match():
     d0, s0, _ = build(Case((Pair((3, 4), f32, bf16, "contiguous", "contiguous"),) * 5, True, True, (), 1))
     d1, s1, _ = build(Case((Pair((3, 4), f32, bf16, "contiguous", "contiguous"),) * 5, True, True, (), 1))
