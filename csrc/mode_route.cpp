@@ -78,7 +78,10 @@ bool route_lane(at::TensorList self, at::TensorList src) {
   const auto mode = sole_route_mode();
   if (mode == nullptr || forward_ad_active()) return false;
   if (mode->probe) {
-    if (mode->probe_copy) probe_copy(*mode->probe_copy);
+    // A pair the lane took on entry and refuses now (resized meanwhile): say so rather than
+    // time a floor that copied nothing.
+    TORCH_CHECK(!mode->probe_copy || probe_copy(*mode->probe_copy),
+                "probe copy: the fast lane refuses the pair it took on entry");
     return true;
   }
   const auto t0 = std::chrono::steady_clock::now();
@@ -134,7 +137,9 @@ void install_mode_route() {
 void route_mode_entered(PyObject* mode, bool probe,
                         const std::optional<std::pair<at::Tensor, at::Tensor>>& probe_copy_pair) {
   if (probe_copy_pair && !probe_copy(*probe_copy_pair)) {
-    throw std::invalid_argument("probe copy: the fast lane refuses this pair (two contiguous CPU tensors of one shape)");
+    throw std::invalid_argument(
+        "probe copy: the fast lane refuses this pair (it takes contiguous CPU tensors of one shape, of a dtype "
+        "pair it copies exactly, not overlapping)");
   }
   std::lock_guard<std::mutex> g(g_mutex);
   auto m = find_locked(mode);

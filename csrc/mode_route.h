@@ -34,8 +34,9 @@ void install_mode_route();
 // (the lane's own checks skipped) and does nothing: what reaching the route costs. With
 // `probe_copy` too, it copies probe_copy->second into probe_copy->first (the fast lane, one
 // pair) instead of the call's lists: reaching the route and moving as many bytes with no
-// per-pair work. The pair is copied once on entry to check it: std::invalid_argument (nothing
-// entered) where the lane refuses it.
+// per-pair work (one thread at a time: concurrent calls would write the pair together). The pair
+// is copied once on entry to check it: std::invalid_argument (nothing entered) where the lane
+// refuses it. A nested entry of an entered mode keeps the first entry's probe settings.
 void route_mode_entered(PyObject* mode, bool probe,
                         const std::optional<std::pair<at::Tensor, at::Tensor>>& probe_copy = std::nullopt);
 // Returns the counters the route kept for `mode` since the last drain (native_stats.h layout),

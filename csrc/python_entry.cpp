@@ -279,6 +279,10 @@ PyObject* mode_route_enter(PyObject* /*self*/, PyObject* const* args, Py_ssize_t
       PyErr_SetString(PyExc_TypeError, usage);
       return nullptr;
     }
+    if (PyObject_IsTrue(args[1]) != 1) {
+      PyErr_SetString(PyExc_TypeError, "mode_route_enter: probe_dst and probe_src only with probe");
+      return nullptr;
+    }
     probe_copy.emplace(THPVariable_Unpack(args[2]), THPVariable_Unpack(args[3]));
   }
   npu_dispatch::install_mode_route();

@@ -102,14 +102,12 @@ def _install_handlers() -> None:
     _TABLE.update({id(op): (op, h, f"{op.namespace}.{op._opname}") for op, h in entries.items()})
 
 
-_INFRA_KEYS = (torch._C._TorchDispatchModeKey.PROXY, torch._C._TorchDispatchModeKey.FAKE,
-               torch._C._TorchDispatchModeKey.FUNCTIONAL)
-
-
-def _infra_mode_below() -> bool:
+def _infra_mode_below(get=torch._C._get_dispatch_mode, proxy=torch._C._TorchDispatchModeKey.PROXY,
+                      fake=torch._C._TorchDispatchModeKey.FAKE,
+                      functional=torch._C._TorchDispatchModeKey.FUNCTIONAL) -> bool:
     """Whether an infra dispatch mode (proxy, fake, functional: always below the user modes) is
     set on this thread."""
-    return any(torch._C._get_dispatch_mode(k) is not None for k in _INFRA_KEYS)
+    return get(proxy) is not None or get(fake) is not None or get(functional) is not None
 
 
 class _Front(TorchFunctionMode):
@@ -172,8 +170,9 @@ class NpuFastCopyMode(TorchDispatchMode):
     plain-tensor copies they issue come back to the mode. While an infra dispatch mode is set
     below it (make_fx's proxy mode under ``tracing_mode="real"``, a ``FakeTensorMode``,
     functionalization), every intercepted op goes on to stock unchanged (fallback reason
-    ``infra_mode``), so the trace records it; user modes entered before this one do not see the
-    ops it copies. ``ignore_compile_internals()`` is True, so ``torch.compile`` still
+    ``infra_mode``; ``strict`` does not raise for it, nor for the other hand-backs before planning,
+    ``subclass`` and ``schema``), so the trace records it; user modes entered before this one do
+    not see the ops it copies. ``ignore_compile_internals()`` is True, so ``torch.compile`` still
     compiles while the mode is active (Dynamo skips frames under any other user mode).
     """
 

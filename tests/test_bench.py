@@ -55,7 +55,8 @@ def test_quick_json_structure(quick_run, capsys):
         (mode_check,) = [c for c in tiny["checks"] if c["metric"] == "speedup_mode"]
         assert mode_check["ceiling"] == m["speedup_mode_ceiling"]
         med = {k: v["median_us"] for k, v in tiny["times_us"].items()}
-        assert m["speedup_mode_ceiling"] == med["stock"] / min(med["null_mode"], med["null_route_copy"])
+        assert m["speedup_mode_ceiling"] == med["stock"] / min(med["null_mode"], med["null_route"])
+        assert m["speedup_mode_route_copy_estimate"] == med["stock"] / med["null_route_copy"]
     assert "extra_us_vs_bare_mode" in overhead["metrics"]
 
     assert tiny["pairs"] == 512 and tiny["elements"] == sum(workloads.TINY_SIZES)
@@ -158,15 +159,17 @@ def test_null_route_copy_moves_the_flat_bytes_and_leaves_the_lists():
         pytest.skip(f"native library not built: {npu_dispatch._native.status()[1]}")
     args = workloads.ForeachArgs([torch.zeros(3), torch.zeros(5)], [torch.ones(3), torch.ones(5)])
     by = {v.name: v for v in suite.variants(args)}
-    flat_dst, flat_src = by["null_route_copy"].globals["flat_dst"], by["null_route_copy"].globals["flat_src"]
-    flat_dst.zero_()
+    g = by["null_route_copy"].globals
+    flat_dst, flat_src = g["flat_dst"], g["flat_src"]
     calls = npu_dispatch._native.module().mode_route_calls()
-    by["null_route_copy"].run_once()
-    # The route took the call (no copy counted, nothing written to the lists, no version moved)
-    # and moved the roofline's bytes instead.
+    with by["null_route_copy"].context():
+        flat_dst.zero_()  # entering copied the pair once, to check it
+        exec(by["null_route_copy"].stmt, g)
+        # The route took the call (no copy counted, nothing written to the lists, no version
+        # moved) and moved the flat pair's bytes instead.
+        assert torch.equal(flat_dst, flat_src) and flat_src.count_nonzero() > 0
     assert npu_dispatch._native.module().mode_route_calls() == calls
     assert [t._version for t in args.dsts] == [0, 0] and all(t.count_nonzero() == 0 for t in args.dsts)
-    assert torch.equal(flat_dst, flat_src) and flat_src.count_nonzero() > 0
 
 
 def test_null_route_copy_refuses_a_pair_the_lane_refuses():
@@ -177,8 +180,12 @@ def test_null_route_copy_refuses_a_pair_the_lane_refuses():
         with suite.NullRoute((a[::2], b[::2])):
             pass
     assert torch._C._len_torch_dispatch_stack() == 0 and a.count_nonzero() == 0
+    module = npu_dispatch._native.module()
     with pytest.raises(TypeError, match="mode_route_enter"):
-        npu_dispatch._native.module().mode_route_enter(suite.NullRoute(), True, a)
+        module.mode_route_enter(suite.NullRoute(), True, a)
+    with pytest.raises(TypeError, match="only with probe"):
+        module.mode_route_enter(suite.NullRoute(), False, a, b)
+    assert torch._C._len_torch_dispatch_stack() == 0 and a.count_nonzero() == 0
 
 
 def test_bound_column_shows_both_estimates():

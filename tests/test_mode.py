@@ -1,6 +1,7 @@
 """NpuFastCopyMode against the stock ops: bitwise results, errors, version counters, stats."""
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import pytest
@@ -314,6 +315,33 @@ def test_make_fx_real_under_the_mode_records_the_op(op):
     leaves = torch.utils._pytree.tree_leaves
     assert len(leaves(out)) == len(leaves(want))
     assert all(torch.equal(bits(a), bits(b)) for a, b in zip(leaves(out), leaves(want)))
+
+
+@pytest.mark.parametrize("infra", ["functional", "fake"])
+def test_plain_tensors_under_an_infra_mode_meet_stock(infra):
+    # Plain tensors while functionalization or a FakeTensorMode is set: stock copies (functional)
+    # or raises (fake, real inputs); the mode hands the op on to that infra mode, as stock does.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch._subclasses.functional_tensor import FunctionalTensorMode
+
+    make = FunctionalTensorMode if infra == "functional" else FakeTensorMode
+
+    def attempt(mode):
+        torch.manual_seed(0)
+        d, s = [torch.zeros(3), torch.zeros(4)], [torch.randn(3), torch.randn(4)]
+        try:
+            with make(), (mode if mode is not None else contextlib.nullcontext()):
+                torch._foreach_copy_(d, s)
+        except Exception as e:  # noqa: BLE001  compared with stock's below
+            return d, (type(e), str(e))
+        return d, None
+
+    stock_d, stock_err = attempt(None)
+    mode = nd.NpuFastCopyMode()
+    ours_d, ours_err = attempt(mode)
+    assert ours_err == stock_err and (stock_err is None) == (infra == "functional")
+    assert all(torch.equal(bits(a), bits(b)) for a, b in zip(stock_d, ours_d))
+    assert mode.stats.fallback_reasons["infra_mode"] == 1
 
 
 def test_under_another_mode_results_still_match():
