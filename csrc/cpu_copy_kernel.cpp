@@ -21,11 +21,6 @@ namespace npu_dispatch {
 namespace {
 
 constexpr int kOps = static_cast<int>(CopyOp::Count);
-// Bytes read plus written at or below which a pass runs on the calling thread: ATen's copy_
-// goes parallel above GRAIN_SIZE elements (32768 fp32 read and written: 256 KB). Measured on
-// the 2-core CI machine with the lane (tiny_many 327 KB, adjacent 457 KB, small_many 914 KB):
-// parallel passes took 12 to 32 % less time than serial ones.
-constexpr int64_t kParallelMovedBytes = 256 * 1024;
 // Longest single memcpy. Above a cache-size threshold glibc switches to non-temporal stores,
 // which on the CI machine (AMD EPYC VM) moved 19-30 GB/s where 64 KB calls moved 22-41 GB/s
 // (16 MB and 64 MB buffers, one thread); ATen's own copy loop never uses them either.
@@ -286,10 +281,10 @@ void CpuCopyBatch::count_pass(int64_t items, int64_t bytes) {
   g_bytes.fetch_add(bytes, std::memory_order_relaxed);
 }
 
-void CpuCopyBatch::run() {
+void CpuCopyBatch::run(int64_t serial_moved_bytes) {
   if (items_.empty()) return;
   finish();
-  if (moved_ <= kParallelMovedBytes) {
+  if (moved_ <= serial_moved_bytes) {
     copy_bytes(0, total_, alternate());
   } else {
     at::parallel_for(0, total_, kCopyGrainBytes, [this](int64_t b, int64_t e) { copy_bytes(b, e, alternate()); });

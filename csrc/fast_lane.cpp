@@ -289,11 +289,11 @@ KernelRanges::KernelRanges(bool coalesced, bool foreach) {
   if (kernel_.isActive()) kernel_.before("npu_dispatch::cpu_kernel");
 }
 
-std::vector<int64_t> FastLane::run() {
+std::vector<int64_t> FastLane::run(int64_t serial_moved_bytes) {
   {
     // One kernel pass serves both of the executor's paths.
     KernelRanges ranges(runs_ > 0, !groups_.empty());
-    batch_.run();
+    batch_.run(serial_moved_bytes);
   }
   count_lane_call();
   return lane_counts(runs_, run_tensors_, coalesced_bytes_, groups_, empty_, *cap_);

@@ -85,9 +85,9 @@ class FastLane {
     int64_t tensors, bytes;
   };
   const std::vector<Group>& groups() const { return groups_; }
-  // Copies every pair in one kernel pass; returns the count vector of execute.h. No version
-  // counter moves here.
-  std::vector<int64_t> run();
+  // Copies every pair in one kernel pass (`serial_moved_bytes` as CpuCopyBatch::run); returns
+  // the count vector of execute.h. No version counter moves here.
+  std::vector<int64_t> run(int64_t serial_moved_bytes = kSerialMovedBytes);
 
  private:
   // Ends the run being built. A single that joins the last group hit (the common case: one

@@ -54,9 +54,10 @@ LaneCall::~LaneCall() {
 }
 
 LaneCall::Step LaneCall::prepare(const CapabilityTable& caps, bool grad_check, int64_t max_held_bytes,
-                                 bool shard, bool bump) {
+                                 bool shard, bool bump, int64_t serial_moved_bytes) {
   TORCH_INTERNAL_ASSERT(bump || !shard, "the sharded lane always bumps");
   bump_ = bump;
+  serial_moved_bytes_ = serial_moved_bytes;
   c10::TensorImpl* const* d = impls_->data();
   c10::TensorImpl* const* s = d + n_;
   if (shard && ShardedLane::wanted(n_)) {
@@ -75,13 +76,13 @@ LaneCall::Step LaneCall::prepare(const CapabilityTable& caps, bool grad_check, i
   lane_.emplace();
   if (!lane_->prepare(d, s, n_, caps, grad_check)) return Step::Refused;
   if (lane_->bytes() > max_held_bytes) return Step::Prepared;
-  counts_ = lane_->run();
+  counts_ = lane_->run(serial_moved_bytes_);
   bump_all();
   return Step::Copied;
 }
 
 void LaneCall::copy() {
-  counts_ = use_sharded_ ? sharded_->run() : lane_->run();
+  counts_ = use_sharded_ ? sharded_->run() : lane_->run(serial_moved_bytes_);
   bump_all();
 }
 

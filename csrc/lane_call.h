@@ -55,9 +55,10 @@ class LaneCall {
   // `shard`: lists of ShardedLane::wanted() length take the sharded lane (see mode_route.cpp for
   // a caller that should not). `bump`: move each destination's version counter once after the
   // copy (false: none moves, as below ADInplaceOrView; the sharded lane always bumps, so this
-  // needs `shard` false).
+  // needs `shard` false). `serial_moved_bytes`: the one-thread lane's copy stays on the calling
+  // thread up to that many bytes read plus written (CpuCopyBatch::run).
   Step prepare(const CapabilityTable& caps, bool grad_check, int64_t max_held_bytes, bool shard = true,
-               bool bump = true);
+               bool bump = true, int64_t serial_moved_bytes = kSerialMovedBytes);
   // After Prepared: copies (and bumps, as prepare() was told).
   void copy();
   // After Copied, or Prepared and copy(): the count vector of execute.h.
@@ -77,6 +78,7 @@ class LaneCall {
   std::optional<FastLane> lane_;
   bool use_sharded_ = false;
   bool bump_ = true;
+  int64_t serial_moved_bytes_ = kSerialMovedBytes;
   std::vector<int64_t> counts_;
 };
 

@@ -60,14 +60,24 @@ std::shared_ptr<RouteMode> sole_route_mode() {
 // stack from 0, so none at 0 means no tensor has one.
 bool forward_ad_active() { return torch::autograd::ForwardADLevel::try_get_by_idx(0) != nullptr; }
 
-// One pair through the fast lane (a probe's bytes); false where the lane refuses it.
+// Up to this many bytes read plus written the route copies on the calling thread (the direct
+// entry splits above 256 KB). A routed call spends ~100 us single-threaded in the binding around
+// its copy, and a pass split across threads then lost more than it saved: in three pairs of
+// alternating processes on the 2-core CI machine, tiny_many (654 KB moved) under the mode took
+// 163 to 176 us copied on one thread against 284 to 289 us split; with a busy second core the
+// split pass also waits milliseconds for the worker (docs/profile.md). Lists above it
+// (small_many, 1.8 MB) measured alike either way within this host's noise and keep the split.
+constexpr int64_t kRouteSerialMovedBytes = 1024 * 1024;
+
+// One pair through the fast lane (a probe's bytes), copied as the route copies; false where
+// the lane refuses it.
 bool probe_copy(const std::pair<at::Tensor, at::Tensor>& pair) {
   const auto caps = current_capabilities();  // the lane keeps pointers into it
   FastLane lane;
   if (!lane.prepare(at::TensorList(&pair.first, 1), at::TensorList(&pair.second, 1), *caps)) {
     return false;
   }
-  lane.run();
+  lane.run(kRouteSerialMovedBytes);
   return true;
 }
 
@@ -96,7 +106,8 @@ bool route_lane(at::TensorList self, at::TensorList src) {
   // thread checks every pair: after the call the binding drops its reference to each tensor,
   // and the lines the sharded lane's other thread had read come back from that core first;
   // measured, sharding gained nothing here (docs/profile.md, "The mode's dispatch route").
-  switch (call.prepare(*caps, c10::GradMode::is_enabled(), kReleaseGilBytes, /*shard=*/false, bumps)) {
+  switch (call.prepare(*caps, c10::GradMode::is_enabled(), kReleaseGilBytes, /*shard=*/false, bumps,
+                       kRouteSerialMovedBytes)) {
     case LaneCall::Step::Refused:
       return false;
     case LaneCall::Step::Prepared:

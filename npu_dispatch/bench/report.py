@@ -161,7 +161,7 @@ def write_markdown(result: dict, path: str, chart: str | None) -> None:
         "native dispatch route (csrc/mode_route.h, how `NpuFastCopyMode` copies plain lists) and "
         "then not copied (the floor of a mode that handles it below the Python binding); *null route "
         "+ copy*: the same, the route moving as many bytes as one flat copy between the roofline's "
-        "buffers instead (no per-pair work; an estimate, not a bound, of a routed call that copies: "
+        "buffers instead, as it copies a call's bytes (no per-pair work; an estimate, not a bound, of a routed call that copies: "
         "its bytes meet the caches differently); *mode ceiling*: stock / the faster of the null "
         "mode and the null route, the best speed-up a dispatch mode can reach; "
         "*roofline*: one flat `copy_` of as many elements with the same dtypes between two contiguous "
