@@ -61,13 +61,15 @@ std::shared_ptr<RouteMode> sole_route_mode() {
 bool forward_ad_active() { return torch::autograd::ForwardADLevel::try_get_by_idx(0) != nullptr; }
 
 // Up to this many bytes read plus written the route copies on the calling thread (the direct
-// entry splits above 256 KB). A routed call spends ~100 us single-threaded in the binding around
-// its copy, and a pass split across threads then lost more than it saved: in three pairs of
-// alternating processes on the 2-core CI machine, tiny_many (654 KB moved) under the mode took
-// 163 to 176 us copied on one thread against 284 to 289 us split; with a busy second core the
-// split pass also waits milliseconds for the worker (docs/profile.md). Lists above it
-// (small_many, 1.8 MB) measured alike either way within this host's noise and keep the split.
-constexpr int64_t kRouteSerialMovedBytes = 1024 * 1024;
+// entry splits above 256 KB). A routed call spends ~100 us on one thread in the binding around
+// its copy, the worker idles meanwhile, and its half of the bytes lands in the other core's
+// caches: on the 2-core AMD EPYC host of 2026-12-02, tiny_many under the mode (512 pairs,
+// 327 KB written, 654 KB moved) took 163 to 176 us copied on one thread against 284 to 289 us
+// split (three pairs of alternating processes), and with a busy second core the split pass
+// waited milliseconds for the worker (docs/profile.md, "The route copies small calls on one
+// thread"). adjacent (one coalesced run, 914 KB moved) read 5 to 10 % slower on one thread, so
+// it and larger calls keep the split.
+constexpr int64_t kRouteSerialMovedBytes = 768 * 1024;
 
 // One pair through the fast lane (a probe's bytes), copied as the route copies; false where
 // the lane refuses it.

@@ -61,6 +61,21 @@ def large():
     return [torch.zeros(1 << 20), torch.zeros(3, dtype=bf16)], [_randn(1 << 20), _randn(3)]
 
 
+def serial_copy():
+    # 720 KB read plus written: above the direct entry's split (256 KB), under the route's
+    # (768 KB), so the route copies on the calling thread; fp16 -> fp32 above ATen's GRAIN_SIZE
+    # (FBGEMM's chunked conversion) with NaN payloads of both signs.
+    h = _randn(100_000).to(torch.float16)
+    h.view(torch.int16)[1:4] = torch.tensor([0x7C01, 0x7E55, -0x0201], dtype=torch.int16)
+    return [torch.zeros(100_000), torch.zeros(20_000, dtype=bf16)], [h, _randn(20_000, 1)]
+
+
+def split_copy():
+    # 1.6 MB read plus written, 800 KB of it destinations: above the route's split, under the
+    # 2 MB second step, so the route copies it in one step split across threads.
+    return [torch.zeros(200_000)], [_randn(200_000)]
+
+
 def with_empty():
     return [torch.zeros(4), torch.zeros(0), torch.zeros(2, 3)], [_randn(4), torch.ones(0), _randn(6).view(2, 3)]
 
@@ -99,7 +114,8 @@ def assert_same(a, b):
     assert a[1:] == b[1:]
 
 
-@pytest.mark.parametrize("make", [singles, adjacent, tuples, many, large, with_empty], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("make", [singles, adjacent, tuples, many, serial_copy, split_copy, large, with_empty],
+                         ids=lambda f: f.__name__)
 def test_plain_lists_take_the_route_and_match_stock(make, dispatched):
     mode = nd.NpuFastCopyMode()
     before = route_calls()

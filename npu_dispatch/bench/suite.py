@@ -56,7 +56,7 @@ class NullRoute(TorchDispatchMode):
     Python binding. With ``copy=(dst, src)`` (a pair the fast lane takes: contiguous CPU tensors
     of one shape and a dtype pair it copies exactly) the route copies ``src`` into ``dst`` on every
     call it takes instead, with the fast lane's kernel as the route runs it (on the calling thread
-    up to 1 MB read plus written): reaching the route and moving a call's bytes as one flat
+    up to 768 KB read plus written): reaching the route and moving a call's bytes as one flat
     copy, no per-pair work. Entering copies the pair once to check it (ValueError
     where the lane refuses it). One thread at a time: concurrent calls would write ``dst``
     together. Other ops (the timer's own) pass through."""
