@@ -53,10 +53,11 @@ def test_quick_json_structure(quick_run, capsys):
         assert 0 < m["efficiency_bound_after_copy"] and 0 < m["efficiency_bound_hot"]
         assert m["efficiency_bound"] == max(m["efficiency_bound_hot"], m["efficiency_bound_after_copy"])
         (mode_check,) = [c for c in tiny["checks"] if c["metric"] == "speedup_mode"]
-        assert mode_check["ceiling"] == m["speedup_mode_ceiling"]
+        assert mode_check["ceiling"] == m["speedup_mode_estimate"]
         med = {k: v["median_us"] for k, v in tiny["times_us"].items()}
         assert m["speedup_mode_ceiling"] == med["stock"] / min(med["null_mode"], med["null_route"])
-        assert m["speedup_mode_route_copy_estimate"] == med["stock"] / med["null_route_copy"]
+        pair_work = max(med["pair_floor"] - med["call_floor"], 0.0)
+        assert m["speedup_mode_estimate"] == med["stock"] / (med["null_route_copy"] + pair_work)
     assert "extra_us_vs_bare_mode" in overhead["metrics"]
 
     assert tiny["pairs"] == 512 and tiny["elements"] == sum(workloads.TINY_SIZES)

@@ -13,8 +13,10 @@ from .machine import machine_info
 from .workloads import WORKLOADS, by_name
 
 # (worker processes per workload, rounds per process, seconds per variant per round); one
-# process means this one.
-_FULL = (3, 2, 0.25)
+# process means this one. Many short rounds rather than a few long ones: this host's memory
+# bandwidth moves in 20-200 ms windows, and in 0.25 s rounds moe_many's per-process efficiency
+# read 0.72 to 1.09 where 0.05 s rounds read 0.93 to 1.05 (docs/profile.md, "Short rounds").
+_FULL = (3, 10, 0.05)
 _QUICK = (1, 3, 0.02)
 
 
@@ -34,9 +36,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="fresh worker processes per workload, run one after another: times are the median "
                         "of their medians, ratios the median of each process's (default 3, --quick 1: "
                         "this process)")
-    p.add_argument("--rounds", type=_positive(int), help="interleaved rounds per process (default 2, --quick 3)")
+    p.add_argument("--rounds", type=_positive(int), help="interleaved rounds per process (default 10, --quick 3)")
     p.add_argument("--min-run-time", type=_positive(float),
-                   help="seconds per variant per round (default 0.25, --quick 0.02)")
+                   help="seconds per variant per round (default 0.05, --quick 0.02)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--first-round", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
