@@ -16,14 +16,15 @@
 #include <string>
 
 #include "cpu_convert.h"
+#include "stream_copy.h"
 
 namespace npu_dispatch {
 namespace {
 
 constexpr int kOps = static_cast<int>(CopyOp::Count);
-// Longest single memcpy. Above a cache-size threshold glibc switches to non-temporal stores,
-// which on the CI machine (AMD EPYC VM) moved 19-30 GB/s where 64 KB calls moved 22-41 GB/s
-// (16 MB and 64 MB buffers, one thread); ATen's own copy loop never uses them either.
+// Longest single memcpy. Above a cache-size threshold glibc switches to its own non-temporal
+// path, which on the CI machine (AMD EPYC VM) moved 19-30 GB/s where 64 KB calls moved 22-41 GB/s
+// (16 MB and 64 MB buffers, one thread); a pass beyond the cache streams with stream_copy.h.
 constexpr int64_t kMemcpyChunk = 64 * 1024;
 
 struct OpConfig {
@@ -42,7 +43,7 @@ namespace {
 using Config = KernelConfig;
 
 std::atomic<const Config*> g_config{nullptr};
-std::atomic<int64_t> g_passes{0}, g_items{0}, g_bytes{0};
+std::atomic<int64_t> g_passes{0}, g_items{0}, g_bytes{0}, g_streamed{0};
 
 const Config* published_config() {
   static const Config none{};
@@ -141,19 +142,25 @@ void convert(const WorkItem& it, const OpConfig& cfg, int64_t a, int64_t b) {
   }
 }
 
-// Copies destination bytes [lo, hi) of one item. Element bounds round up on both ends, so the
-// threads' byte ranges split the elements without overlap or gap.
-void copy_range(const WorkItem& it, const Config& cfg, int64_t lo, int64_t hi) {
+// Copies destination bytes [lo, hi) of one item (a byte copy with streaming stores where
+// `stream`). Element bounds round up on both ends, so the threads' byte ranges split the
+// elements without overlap or gap. Returns the bytes streamed.
+int64_t copy_range(const WorkItem& it, const Config& cfg, int64_t lo, int64_t hi, bool stream) {
   if (it.op == CopyOp::Memcpy) {
+    if (stream) {
+      stream_copy(it.dst + lo, it.src + lo, hi - lo);
+      return hi - lo;
+    }
     for (int64_t a = lo; a < hi; a += kMemcpyChunk) {
       std::memcpy(it.dst + a, it.src + a, std::min(kMemcpyChunk, hi - a));
     }
-    return;
+    return 0;
   }
   const int64_t ds = dst_size(it.op);
   const int64_t a = (lo + ds - 1) / ds;
   const int64_t b = std::min(it.n, (hi + ds - 1) / ds);
   if (a < b) convert(it, cfg.ops[static_cast<int>(it.op)], a, b);
+  return 0;
 }
 
 }  // namespace
@@ -256,7 +263,9 @@ bool CpuCopyBatch::alternate() {
   return backward;
 }
 
-void CpuCopyBatch::copy_bytes(int64_t begin, int64_t end, bool backward) const {
+bool CpuCopyBatch::streams(int64_t moved_bytes) { return moved_bytes >= stream_moved_bytes(); }
+
+void CpuCopyBatch::copy_bytes(int64_t begin, int64_t end, bool backward, bool stream) const {
   if (begin >= end) return;
   const Config& cfg = *config_;
   // Items [first, last) hold the range: the first ending after `begin` up to the first ending at
@@ -264,14 +273,20 @@ void CpuCopyBatch::copy_bytes(int64_t begin, int64_t end, bool backward) const {
   const size_t first = std::upper_bound(ends_.begin(), ends_.end(), begin) - ends_.begin();
   const size_t last = std::min<size_t>(
       items_.size(), std::lower_bound(ends_.begin() + first, ends_.end(), end) - ends_.begin() + 1);
+  int64_t streamed = 0;
   auto one = [&](size_t k) {
     const int64_t start = k == 0 ? 0 : ends_[k - 1];
-    copy_range(items_[k], cfg, std::max(begin, start) - start, std::min(end, ends_[k]) - start);
+    streamed += copy_range(items_[k], cfg, std::max(begin, start) - start, std::min(end, ends_[k]) - start, stream);
   };
   if (backward) {
     for (size_t k = last; k > first; --k) one(k - 1);
   } else {
     for (size_t k = first; k < last; ++k) one(k);
+  }
+  if (streamed > 0) {
+    // Streaming stores are weakly ordered: done before this thread reports its range copied.
+    stream_fence();
+    g_streamed.fetch_add(streamed, std::memory_order_relaxed);
   }
 }
 
@@ -284,17 +299,19 @@ void CpuCopyBatch::count_pass(int64_t items, int64_t bytes) {
 void CpuCopyBatch::run(int64_t serial_moved_bytes) {
   if (items_.empty()) return;
   finish();
+  const bool stream = streams(moved_);
   if (moved_ <= serial_moved_bytes) {
-    copy_bytes(0, total_, alternate());
+    copy_bytes(0, total_, alternate(), stream);
   } else {
-    at::parallel_for(0, total_, kCopyGrainBytes, [this](int64_t b, int64_t e) { copy_bytes(b, e, alternate()); });
+    at::parallel_for(0, total_, kCopyGrainBytes,
+                     [this, stream](int64_t b, int64_t e) { copy_bytes(b, e, alternate(), stream); });
   }
   count_pass(static_cast<int64_t>(items_.size()), total_);
   items_.clear();
 }
 
 std::vector<int64_t> kernel_counters() {
-  return {g_passes.load(), g_items.load(), g_bytes.load()};
+  return {g_passes.load(), g_items.load(), g_bytes.load(), g_streamed.load()};
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -68,7 +68,8 @@ class CpuCopyBatch {
   // The thread count FBGEMM's fp16 -> fp32 split follows for a copy called from this thread.
   static int64_t caller_threads();
   // Copies every item: on the calling thread up to `serial_moved_bytes` read plus written, else
-  // split by destination bytes across threads (at::parallel_for). Empties the work list.
+  // split by destination bytes across threads (at::parallel_for); byte copies with streaming
+  // stores where streams() says so. Empties the work list.
   void run(int64_t serial_moved_bytes = kSerialMovedBytes);
   bool empty() const { return items_.empty(); }
   size_t size() const { return items_.size(); }
@@ -77,9 +78,14 @@ class CpuCopyBatch {
   // split of [0, total_bytes()), then count_pass() once. The work list must not change between.
   void finish();
   int64_t total_bytes() const { return total_; }  // destination bytes
+  int64_t moved_bytes() const { return moved_; }  // read plus written
+  // Whether a pass moving `moved_bytes` (read plus written, the whole call's) streams its byte
+  // copies: at or above stream_moved_bytes() (stream_copy.h) its bytes cannot stay in cache.
+  static bool streams(int64_t moved_bytes);
   // Items are disjoint, so their order is free: `backward` copies the range's items last to
-  // first (each item still front to back).
-  void copy_bytes(int64_t begin, int64_t end, bool backward = false) const;
+  // first (each item still front to back). `stream`: byte copies with streaming stores, then
+  // this thread's fence.
+  void copy_bytes(int64_t begin, int64_t end, bool backward = false, bool stream = false) const;
   // The direction of this thread's next pass: each call flips it. A list copied again and again
   // whose bytes are about the size of a core's L2 (small_many: 0.9 MB a thread against 1 MB)
   // then starts each pass on the lines the last pass touched last, which are still cached; in
@@ -101,7 +107,8 @@ class CpuCopyBatch {
 // 2 AVX2, 3 AVX512) and whether FBGEMM's split is emulated, per conversion.
 std::vector<int64_t> self_check();
 
-// passes, items, bytes: only this kernel moves them (tests use it to see the C++ path ran).
+// passes, items, bytes, bytes streamed: only this kernel moves them (tests use it to see the
+// C++ path ran).
 std::vector<int64_t> kernel_counters();
 
 }  // namespace npu_dispatch

@@ -15,14 +15,15 @@
 #include "cpu_copy_kernel.h"
 #include "execute.h"
 #include "fast_lane.h"
-#include "sharded_lane.h"
 #include "native_stats.h"
 #include "plan.h"
+#include "sharded_lane.h"
+#include "stream_copy.h"
 
 namespace npu_dispatch {
 namespace {
 
-constexpr int64_t kAbiVersion = 7;
+constexpr int64_t kAbiVersion = 8;
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -81,6 +82,7 @@ std::vector<int64_t> info_op() {
   out.insert(out.begin(), kAbiVersion);
   out.push_back(fast_lane_calls());
   out.push_back(sharded_lane_calls());
+  out.push_back(stream_moved_bytes());
   return out;
 }
 

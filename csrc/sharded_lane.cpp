@@ -68,7 +68,8 @@ bool ShardedLane::wanted(size_t n) {
 #endif
 }
 
-void ShardedLane::copy_share(const std::vector<int64_t>& offsets, int64_t begin, int64_t end, bool backward) const {
+void ShardedLane::copy_share(const std::vector<int64_t>& offsets, int64_t begin, int64_t end, bool backward,
+                             bool stream) const {
   const size_t n = offsets.size();
   for (size_t k = 0; k < n; ++k) {
     const size_t s = backward ? n - 1 - k : k;
@@ -76,7 +77,7 @@ void ShardedLane::copy_share(const std::vector<int64_t>& offsets, int64_t begin,
     const int64_t off = offsets[s];
     const int64_t lo = std::max(begin, off);
     const int64_t hi = std::min(end, off + batch.total_bytes());
-    if (lo < hi) batch.copy_bytes(lo - off, hi - off, backward);
+    if (lo < hi) batch.copy_bytes(lo - off, hi - off, backward, stream);
   }
 }
 
@@ -227,12 +228,15 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
                     (u < v && FastLane::meets(a.dst_spans(), a.dst_hull(), c.dst_spans(), c.dst_hull()));
         }
       }
-      int64_t largest = 0;
+      int64_t largest = 0, moved = 0;
       for (int u = 0; u < nt; ++u) {
         p.offsets.push_back(p.bytes);  // reserved: no allocation
         p.bytes += shares_[u].lane.batch().total_bytes();
+        moved += shares_[u].lane.batch().moved_bytes();
         largest = std::max(largest, shares_[u].lane.batch().total_bytes());
       }
+      // The whole call's bytes decide, as one lane's pass would.
+      p.stream = CpuCopyBatch::streams(moved);
       p.go = !p.meets;
       // Shares within a quarter of an even split copy their own pairs (no barrier before
       // their bumps); others split the bytes evenly. Coalesced runs are views of one base,
@@ -256,10 +260,10 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
         // Each thread copies the pairs it checked, then moves their versions, as stock's loop
         // does pair by pair: no version moves before its destination's bytes are written.
         const auto& batch = lane.batch();
-        batch.copy_bytes(0, batch.total_bytes(), CpuCopyBatch::alternate());
+        batch.copy_bytes(0, batch.total_bytes(), CpuCopyBatch::alternate(), p.stream);
         for (size_t i = b; i < e; ++i) dsts[i]->bump_version();
       } else {
-        copy_share(p.offsets, p.bytes * t / nt, p.bytes * (t + 1) / nt, CpuCopyBatch::alternate());
+        copy_share(p.offsets, p.bytes * t / nt, p.bytes * (t + 1) / nt, CpuCopyBatch::alternate(), p.stream);
         // Every thread wrote bytes of other threads' pairs: no version moves before all are.
 #pragma omp barrier
         if (p.runs == 0) {
@@ -286,6 +290,7 @@ ShardedLane::Outcome ShardedLane::prepare(c10::TensorImpl* const* dsts, c10::Ten
                 groups_.end());
   offsets_.assign(plan.offsets.begin(), plan.offsets.end());
   bytes_ = plan.bytes;
+  stream_ = plan.stream;
 
   // What one lane would have met first: a pair refused or raising (shares are in pair order),
   // or a join refused at a share's first run. Warnings up to and including that pair stand.
@@ -322,7 +327,7 @@ std::vector<int64_t> ShardedLane::run() {
   {
     KernelRanges ranges(runs_ > 0, !groups_.empty());
     at::parallel_for(0, bytes_, kCopyGrainBytes,
-                     [this](int64_t b, int64_t e) { copy_share(offsets_, b, e, CpuCopyBatch::alternate()); });
+                     [this](int64_t b, int64_t e) { copy_share(offsets_, b, e, CpuCopyBatch::alternate(), stream_); });
   }
   count_copied();
   return counts_;

@@ -66,6 +66,7 @@ class ShardedLane {
     std::vector<FastLane::Group> groups;
     std::vector<int64_t> offsets;  // destination bytes before each share's
     int64_t bytes = 0;
+    bool stream = false;  // CpuCopyBatch::streams() of the shares' bytes moved together
     // Capacity for `shares` offsets and `max_groups` groups (join() refuses past that many rather
     // than allocate); allocates only on a lane's first call.
     void reserve(size_t shares, size_t max_groups);
@@ -89,8 +90,9 @@ class ShardedLane {
   // After the copy (in the region or in run()): the kernel's and the lane's counters, and counts_.
   void count_copied();
   // Copies destination bytes [begin, end) of the shares laid end to end at `offsets`; with
-  // `backward`, last item first (CpuCopyBatch::alternate).
-  void copy_share(const std::vector<int64_t>& offsets, int64_t begin, int64_t end, bool backward) const;
+  // `backward`, last item first (CpuCopyBatch::alternate); `stream` as CpuCopyBatch::copy_bytes.
+  void copy_share(const std::vector<int64_t>& offsets, int64_t begin, int64_t end, bool backward,
+                  bool stream) const;
 
   // One share per thread, each on its own cache lines: the lane writes its members per pair.
   struct alignas(64) Share {
@@ -104,6 +106,7 @@ class ShardedLane {
   size_t team_ = 0;
   std::vector<int64_t> offsets_;  // destination bytes before each share's
   int64_t bytes_ = 0;
+  bool stream_ = false;
   // The joined counts (FastLane's, over the whole list).
   int64_t runs_ = 0, tensors_ = 0, coalesced_bytes_ = 0, empty_ = 0;
   std::vector<FastLane::Group> groups_;

@@ -41,7 +41,7 @@ __all__ = ["load", "available", "status", "build", "module", "planned_op", "dire
 log = logging.getLogger("npu_dispatch")
 
 _BASE_NAME = "npu_dispatch_native"
-_ABI_VERSION = 7
+_ABI_VERSION = 8
 _SOURCES = (
     "capability_table.cpp",
     "plan.cpp",
@@ -49,6 +49,7 @@ _SOURCES = (
     "cpu_convert_avx2.cpp",
     "cpu_convert_avx512.cpp",
     "cpu_copy_kernel.cpp",
+    "stream_copy.cpp",
     "fast_lane.cpp",
     "sharded_lane.cpp",
     "lane_call.cpp",
@@ -120,14 +121,17 @@ def self_check_result() -> dict | None:
 
 
 def info() -> dict:
-    """Counters only the C++ side moves: one-pass CPU kernel runs, work items, bytes, calls that
-    took the fast lane (csrc/fast_lane.h) instead of the full planner, and those of them whose
-    checks were split across threads (csrc/sharded_lane.h)."""
+    """Counters only the C++ side moves: one-pass CPU kernel runs, work items, destination bytes,
+    those bytes copied with streaming stores (passes beyond the cache, csrc/stream_copy.h), calls
+    that took the fast lane (csrc/fast_lane.h) instead of the full planner, and those of them
+    whose checks were split across threads (csrc/sharded_lane.h); and the bytes read plus written
+    from which a pass streams (``stream_moved_bytes``: the last-level cache's size)."""
     if _planned is None:
         return {}
-    abi, passes, items, nbytes, lane, sharded = torch.ops.npu_dispatch._native_info.default()
+    abi, passes, items, nbytes, streamed, lane, sharded, stream_at = torch.ops.npu_dispatch._native_info.default()
     return {"abi": abi, "kernel_passes": passes, "kernel_items": items, "kernel_bytes": nbytes,
-            "fast_lane_calls": lane, "sharded_lane_calls": sharded, "build_seconds": _build_seconds}
+            "kernel_streamed_bytes": streamed,
+            "fast_lane_calls": lane, "sharded_lane_calls": sharded, "stream_moved_bytes": stream_at, "build_seconds": _build_seconds}
 
 
 def module():

@@ -1,0 +1,117 @@
+"""Passes beyond the last-level cache copy their bytes with streaming stores (csrc/stream_copy.h):
+bitwise stock's result at any alignment, through every entry, and only where the call's bytes
+read plus written reach the threshold. Conversions never stream."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import npu_dispatch as nd
+from npu_dispatch import _native
+from cases import direct_copy, mode_copy, op_copy, stock_copy
+
+if not _native.available():
+    if os.environ.get("NPU_DISPATCH_REQUIRE_NATIVE") == "1":
+        pytest.fail(f"native library required: {_native.status()[1]}", pytrace=False)
+    pytest.skip(f"native library not built: {_native.status()[1]}", allow_module_level=True)
+
+THRESHOLD = _native.info()["stream_moved_bytes"]
+if THRESHOLD > 512 << 20:
+    pytest.skip(f"streaming starts at {THRESHOLD} bytes moved here: too large to test", allow_module_level=True)
+
+
+def streamed() -> int:
+    return _native.info()["kernel_streamed_bytes"]
+
+
+def random_bytes(n: int, seed: int) -> torch.Tensor:
+    """`n` random bytes: as fp32 or bf16 they hold NaN payloads, -0.0 and subnormals too."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g)
+
+
+def odd_pairs(dst_bytes: int, pairs: int, dtype: torch.dtype, seed: int, views: bool = False):
+    """`pairs` pairs of `dtype` holding about `dst_bytes` destination bytes, at odd element
+    offsets inside their storages (no 16- or 32-byte alignment), of odd lengths; with `views`,
+    split views of one source and one destination buffer (a coalesced run)."""
+    item = torch.empty(0, dtype=dtype).element_size()
+    n = max(dst_bytes // item // pairs, 1) | 1
+    sizes = [n + 2 * k for k in range(pairs)]
+    total = sum(sizes) + 3
+    if views:
+        src = random_bytes(total * item, seed).view(dtype)[3:]
+        dst = torch.zeros(total, dtype=dtype)[3:]
+        return list(dst.split(sizes)), list(src.split(sizes))
+    srcs, dsts = [], []
+    for k, size in enumerate(sizes):
+        off = 1 + k % 7
+        srcs.append(random_bytes((size + off) * item, seed + k).view(dtype)[off:])
+        dsts.append(torch.zeros(size + 3, dtype=dtype)[3:])
+    return dsts, srcs
+
+
+def assert_as_stock(entry, make):
+    """`make()` builds the same pairs afresh each call: stock copies one set, `entry` the other;
+    bytes and version counters must agree."""
+    want, srcs = make()
+    stock_copy(want, srcs)
+    dsts, srcs = make()
+    entry(dsts, srcs)
+    for d, w in zip(dsts, want):
+        assert torch.equal(d.view(torch.uint8), w.view(torch.uint8))
+    assert [d._version for d in dsts] == [w._version for w in want]
+    return dsts
+
+
+ENTRIES = {"direct": direct_copy, "op": op_copy, "mode": mode_copy}
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("pairs,views", [(3, False), (130, False), (130, True)], ids=["one lane", "sharded", "run"])
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.bfloat16, torch.float32])
+def test_a_call_beyond_the_cache_streams_stocks_bytes(entry, pairs, views, dtype):
+    make = lambda: odd_pairs(THRESHOLD // 2 + 4096, pairs, dtype, seed=pairs, views=views)  # noqa: E731
+    before = streamed()
+    dsts = assert_as_stock(ENTRIES[entry], make)
+    assert streamed() - before == sum(d.nbytes for d in dsts)
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_a_call_under_the_cache_does_not_stream(entry):
+    # Read plus written just under the threshold: normal stores, the bytes stay in cache.
+    make = lambda: odd_pairs(THRESHOLD // 2 - 64 * 1024, 5, torch.float32, seed=7)  # noqa: E731
+    before = streamed()
+    dsts = assert_as_stock(ENTRIES[entry], make)
+    assert 2 * sum(d.nbytes for d in dsts) < THRESHOLD
+    assert streamed() == before
+
+
+def test_conversions_beyond_the_cache_do_not_stream_and_byte_copies_beside_them_do():
+    def make():
+        casts_d, casts_s = odd_pairs(THRESHOLD // 2, 2, torch.bfloat16, seed=11)
+        same_d, same_s = odd_pairs(THRESHOLD // 4, 2, torch.float32, seed=12)
+        # fp32 -> bf16, NaN payloads included, beside fp32 byte copies.
+        return casts_d + same_d, [s.float() for s in casts_s] + same_s
+
+    before = streamed()
+    dsts = assert_as_stock(direct_copy, make)
+    assert streamed() - before == sum(d.nbytes for d in dsts[2:])
+
+
+def test_all_gather_copy_in_beyond_the_cache_streams_stocks_bytes():
+    import torch.distributed.fsdp  # noqa: F401  registers fsdp::all_gather_copy_in
+
+    world, rank = 2, 1
+    inputs = [random_bytes(n * 2, n).view(torch.bfloat16) for n in (THRESHOLD // 8 + 1, THRESHOLD // 8 + 3, 5)]
+    sizes = [t.numel() for t in inputs]
+    numel = sum(sizes)
+    want_out = torch.zeros(world * numel, dtype=torch.bfloat16)
+    torch.ops.fsdp.all_gather_copy_in(inputs, want_out, sizes, numel, rank)
+    out = torch.zeros(world * numel, dtype=torch.bfloat16)
+    before = streamed()
+    got_in, got_out = nd.all_gather_copy_in(inputs, out, sizes, numel, rank)
+    assert got_out is out and got_in.data_ptr() == out.data_ptr() + numel * rank * 2
+    assert torch.equal(out.view(torch.uint8), want_out.view(torch.uint8))
+    assert streamed() - before == numel * 2
