@@ -11,14 +11,15 @@
 namespace npu_dispatch {
 
 // Bytes read plus written at or above which a pass streams its byte copies: the size of the
-// last-level cache CPU 0 sits under (sysfs), 32 MB where none is listed. On the CI host (32 MB)
+// last-level cache CPU 0 sits under (sysfs), 32 MB where none is listed; INT64_MAX (never)
+// on a CPU without AVX2 streaming stores. On the CI host (32 MB)
 // a pass of 64 KB items moving 16 MB ran twice as fast with normal stores (it stays in cache),
 // one moving 32 MB 1.35x faster streamed, 128 MB 1.2 to 1.6x.
 int64_t stream_moved_bytes();
 
-// Copies `n` bytes (any alignment, no overlap) with streaming stores where this CPU has them
-// (x86-64: AVX2 if present, else SSE2; elsewhere memcpy). The stores are weakly ordered: the
-// copying thread calls stream_fence() before the pass counts as done.
+// Copies `n` bytes (any alignment, no overlap) with AVX2 streaming stores (memcpy on a CPU
+// without them). The stores are weakly ordered: the copying thread calls stream_fence()
+// before the pass counts as done.
 void stream_copy(char* dst, const char* src, int64_t n);
 void stream_fence();
 
