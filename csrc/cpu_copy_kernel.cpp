@@ -448,6 +448,7 @@ std::vector<int64_t> self_check() {
   // Stock must be stock: no Python mode may see (or reroute) the reference copies.
   c10::impl::ExcludeDispatchKeyGuard no_python(
       c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+  stream_moved_bytes();  // its sysfs reads happen here, at load, not inside a copy's region
   auto* cfg = new Config();  // published for the process lifetime; never freed
   const ConvertFns* cap = capability_fns();
   std::vector<OpConfig> f16_candidates;

@@ -85,7 +85,7 @@ class CpuCopyBatch {
   // Items are disjoint, so their order is free: `backward` copies the range's items last to
   // first (each item still front to back). `stream`: byte copies with streaming stores, then
   // this thread's fence.
-  void copy_bytes(int64_t begin, int64_t end, bool backward = false, bool stream = false) const;
+  void copy_bytes(int64_t begin, int64_t end, bool backward, bool stream) const;
   // The direction of this thread's next pass: each call flips it. A list copied again and again
   // whose bytes are about the size of a core's L2 (small_many: 0.9 MB a thread against 1 MB)
   // then starts each pass on the lines the last pass touched last, which are still cached; in
@@ -107,8 +107,8 @@ class CpuCopyBatch {
 // 2 AVX2, 3 AVX512) and whether FBGEMM's split is emulated, per conversion.
 std::vector<int64_t> self_check();
 
-// passes, items, bytes, bytes streamed: only this kernel moves them (tests use it to see the
-// C++ path ran).
+// passes, items, bytes, bytes of byte copies in streaming passes: only this kernel moves them
+// (tests use it to see the C++ path ran).
 std::vector<int64_t> kernel_counters();
 
 }  // namespace npu_dispatch

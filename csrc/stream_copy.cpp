@@ -20,10 +20,11 @@ namespace npu_dispatch {
 namespace npu_dispatch_avx2 {
 namespace {
 
-// Head bytes up to the 32-byte alignment of `dst` and the tail go through memcpy; the body
-// through four 32-byte streaming stores per loop (two cache lines).
+// Head bytes up to the cache-line alignment of `dst` and the tail go through memcpy, so that
+// every streamed line is written whole (a partly streamed line costs a partial write-combining
+// flush); the body through four 32-byte streaming stores per loop (two whole lines).
 __attribute__((target("avx2"))) void stream(char* dst, const char* src, int64_t n) {
-  const int64_t head = std::min<int64_t>(n, (32 - (reinterpret_cast<uintptr_t>(dst) & 31)) & 31);
+  const int64_t head = std::min<int64_t>(n, (64 - (reinterpret_cast<uintptr_t>(dst) & 63)) & 63);
   std::memcpy(dst, src, head);
   dst += head;
   src += head;
@@ -57,11 +58,13 @@ int64_t parse_size(const std::string& text) {
   return unit == 'K' ? v << 10 : unit == 'M' ? v << 20 : unit == 'G' ? v << 30 : v;
 }
 
-// The cache of the highest level that CPU 0 sees, as sysfs lists it: the cache one core's
-// copies actually share (sysconf's level-3 figure can be the whole package's: 256 MB on the
-// CI host, whose cores share 32 MB).
+// CPU 0's level-3 (or higher) cache as sysfs lists it: the cache its copies actually share
+// (sysconf's level-3 figure can be the whole package's: 256 MB on the CI host, whose cores share
+// 32 MB). A host listing none gets 32 MB rather than its L2's size, below which calls that fit
+// in an unlisted L3 would stream. Threads spread over several such caches (multi-CCX or
+// multi-socket hosts) share more than this; calls between the two sizes then stream too.
 int64_t last_level_cache_bytes() {
-  int best_level = 0;
+  int best_level = 2;
   int64_t best = -1;
   for (int k = 0; k < 16; ++k) {
     const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(k) + "/";

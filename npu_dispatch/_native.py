@@ -122,13 +122,14 @@ def self_check_result() -> dict | None:
 
 def info() -> dict:
     """Counters only the C++ side moves: one-pass CPU kernel runs, work items, destination bytes,
-    those bytes copied with streaming stores (passes beyond the cache, csrc/stream_copy.h), calls
+    the bytes of byte copies in streaming passes (beyond the cache, csrc/stream_copy.h), calls
     that took the fast lane (csrc/fast_lane.h) instead of the full planner, and those of them
     whose checks were split across threads (csrc/sharded_lane.h); and the bytes read plus written
     from which a pass streams (``stream_moved_bytes``: the last-level cache's size)."""
     if _planned is None:
         return {}
-    abi, passes, items, nbytes, streamed, lane, sharded, stream_at = torch.ops.npu_dispatch._native_info.default()
+    info = torch.ops.npu_dispatch._native_info.default()
+    abi, passes, items, nbytes, streamed, lane, sharded, stream_at = info
     return {"abi": abi, "kernel_passes": passes, "kernel_items": items, "kernel_bytes": nbytes,
             "kernel_streamed_bytes": streamed,
             "fast_lane_calls": lane, "sharded_lane_calls": sharded, "stream_moved_bytes": stream_at, "build_seconds": _build_seconds}

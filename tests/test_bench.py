@@ -53,7 +53,7 @@ def test_quick_json_structure(quick_run, capsys):
         assert 0 < m["efficiency_bound_after_copy"] and 0 < m["efficiency_bound_hot"]
         assert m["efficiency_bound"] == max(m["efficiency_bound_hot"], m["efficiency_bound_after_copy"])
         (mode_check,) = [c for c in tiny["checks"] if c["metric"] == "speedup_mode"]
-        assert mode_check["ceiling"] == m["speedup_mode_estimate"]
+        assert mode_check["ceiling"] == m["speedup_mode_ceiling"]
         med = {k: v["median_us"] for k, v in tiny["times_us"].items()}
         assert m["speedup_mode_ceiling"] == med["stock"] / min(med["null_mode"], med["null_route"])
         pair_work = max(med["pair_floor"] - med["call_floor"], 0.0)
@@ -68,6 +68,8 @@ def test_quick_json_structure(quick_run, capsys):
     md = (out / "benchmarks.md").read_text()
     assert "tiny_many" in md and "| workload |" in md
     if floor:
+        m = tiny["metrics"]
+        assert f"| {m['speedup_mode_ceiling']:.2f}x / {m['speedup_mode_estimate']:.2f}x |" in md
         region = tiny["times_us"]["parallel_region"]["round_medians_us"][0]
         assert f"| tiny_many | parallel region | {region:.3g} |" in md
     if _has_matplotlib():

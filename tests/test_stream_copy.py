@@ -1,6 +1,7 @@
 """Passes beyond the last-level cache copy their bytes with streaming stores (csrc/stream_copy.h):
-bitwise stock's result at any alignment, through every entry, and only where the call's bytes
-read plus written reach the threshold. Conversions never stream."""
+bitwise stock's result at any alignment, through every entry, nothing written outside the
+destinations, and only where the call's bytes read plus written reach the threshold. Conversions
+never stream."""
 from __future__ import annotations
 
 import os
@@ -23,9 +24,12 @@ if THRESHOLD > 512 << 20:
     pytest.skip(f"streaming starts at {THRESHOLD} bytes moved here: never, or too many to test",
                 allow_module_level=True)
 
+# Elements of a known pattern before and after every destination: a write outside it shows.
+GUARD = 5
 
-def streamed() -> int:
-    return _native.info()["kernel_streamed_bytes"]
+
+def counter(name: str) -> int:
+    return _native.info()[name]
 
 
 def random_bytes(n: int, seed: int) -> torch.Tensor:
@@ -34,72 +38,91 @@ def random_bytes(n: int, seed: int) -> torch.Tensor:
     return torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g)
 
 
+def guarded(size: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a destination of `size` elements, the buffer holding it between GUARD elements of 0xA5)."""
+    buf = torch.full(((size + 2 * GUARD) * dtype.itemsize,), 0xA5, dtype=torch.uint8).view(dtype)
+    return buf[GUARD:GUARD + size], buf
+
+
 def odd_pairs(dst_bytes: int, pairs: int, dtype: torch.dtype, seed: int, views: bool = False):
-    """`pairs` pairs of `dtype` holding about `dst_bytes` destination bytes, at odd element
-    offsets inside their storages (no 16- or 32-byte alignment), of odd lengths; with `views`,
-    split views of one source and one destination buffer (a coalesced run)."""
-    item = torch.empty(0, dtype=dtype).element_size()
-    n = max(dst_bytes // item // pairs, 1) | 1
+    """(dsts, srcs, buffers holding the dsts): `pairs` pairs of `dtype`, about `dst_bytes`
+    destination bytes, at element offsets that move their addresses off cache-line alignment,
+    of odd lengths; with `views`, split views of one source and one destination buffer (a
+    coalesced run)."""
+    item = dtype.itemsize
+    # Lengths n, n + 2, ...: together within `pairs` elements of dst_bytes.
+    n = max((dst_bytes // item - pairs * (pairs - 1)) // pairs, 1) | 1
     sizes = [n + 2 * k for k in range(pairs)]
-    total = sum(sizes) + 3
     if views:
-        src = random_bytes(total * item, seed).view(dtype)[3:]
-        dst = torch.zeros(total, dtype=dtype)[3:]
-        return list(dst.split(sizes)), list(src.split(sizes))
-    srcs, dsts = [], []
+        total = sum(sizes)
+        src = random_bytes((total + 3) * item, seed).view(dtype)[3:]
+        dst, buf = guarded(total, dtype)
+        return list(dst.split(sizes)), list(src.split(sizes)), [buf]
+    srcs, dsts, bufs = [], [], []
     for k, size in enumerate(sizes):
         off = 1 + k % 7
         srcs.append(random_bytes((size + off) * item, seed + k).view(dtype)[off:])
-        dsts.append(torch.zeros(size + 3, dtype=dtype)[3:])
-    return dsts, srcs
+        dst, buf = guarded(size, dtype)
+        dsts.append(dst)
+        bufs.append(buf)
+    return dsts, srcs, bufs
 
 
 def assert_as_stock(entry, make):
     """`make()` builds the same pairs afresh each call: stock copies one set, `entry` the other;
-    bytes and version counters must agree."""
-    want, srcs = make()
+    whole buffers (guards included) and version counters must agree. Returns `entry`'s dsts."""
+    want, srcs, want_bufs = make()
     stock_copy(want, srcs)
-    dsts, srcs = make()
+    dsts, srcs, bufs = make()
     entry(dsts, srcs)
-    for d, w in zip(dsts, want):
-        assert torch.equal(d.view(torch.uint8), w.view(torch.uint8))
+    for b, w in zip(bufs, want_bufs):
+        assert torch.equal(b.view(torch.uint8), w.view(torch.uint8))
     assert [d._version for d in dsts] == [w._version for w in want]
     return dsts
 
 
 ENTRIES = {"direct": direct_copy, "op": op_copy, "mode": mode_copy}
+# (pairs, views): one lane, a list the direct op shards across threads, a coalesced run.
+LISTS = pytest.mark.parametrize("pairs,views", [(3, False), (130, False), (130, True)],
+                                ids=["3 pairs", "130 pairs", "130 views"])
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
-@pytest.mark.parametrize("pairs,views", [(3, False), (130, False), (130, True)], ids=["one lane", "sharded", "run"])
+@LISTS
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.bfloat16, torch.float32])
 def test_a_call_beyond_the_cache_streams_stocks_bytes(entry, pairs, views, dtype):
     make = lambda: odd_pairs(THRESHOLD // 2 + 4096, pairs, dtype, seed=pairs, views=views)  # noqa: E731
-    before = streamed()
+    streamed, sharded = counter("kernel_streamed_bytes"), counter("sharded_lane_calls")
     dsts = assert_as_stock(ENTRIES[entry], make)
-    assert streamed() - before == sum(d.nbytes for d in dsts)
+    assert 2 * sum(d.nbytes for d in dsts) >= THRESHOLD
+    assert counter("kernel_streamed_bytes") - streamed == sum(d.nbytes for d in dsts)
+    # Only the direct op shards long lists (the mode's route keeps one thread's lane).
+    assert counter("sharded_lane_calls") - sharded == (entry == "direct" and pairs >= 96)
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
-def test_a_call_under_the_cache_does_not_stream(entry):
+@LISTS
+def test_a_call_under_the_cache_does_not_stream(entry, pairs, views):
     # Read plus written just under the threshold: normal stores, the bytes stay in cache.
-    make = lambda: odd_pairs(THRESHOLD // 2 - 64 * 1024, 5, torch.float32, seed=7)  # noqa: E731
-    before = streamed()
+    make = lambda: odd_pairs(THRESHOLD // 2 - 64 * 1024, pairs, torch.float32, seed=7, views=views)  # noqa: E731
+    streamed, passes = counter("kernel_streamed_bytes"), counter("kernel_passes")
     dsts = assert_as_stock(ENTRIES[entry], make)
     assert 2 * sum(d.nbytes for d in dsts) < THRESHOLD
-    assert streamed() == before
+    assert counter("kernel_passes") > passes  # the kernel copied it
+    assert counter("kernel_streamed_bytes") == streamed
 
 
 def test_conversions_beyond_the_cache_do_not_stream_and_byte_copies_beside_them_do():
     def make():
-        casts_d, casts_s = odd_pairs(THRESHOLD // 2, 2, torch.bfloat16, seed=11)
-        same_d, same_s = odd_pairs(THRESHOLD // 4, 2, torch.float32, seed=12)
+        casts_d, casts_s, casts_b = odd_pairs(THRESHOLD // 2, 2, torch.bfloat16, seed=11)
+        same_d, same_s, same_b = odd_pairs(THRESHOLD // 4, 2, torch.float32, seed=12)
         # fp32 -> bf16, NaN payloads included, beside fp32 byte copies.
-        return casts_d + same_d, [s.float() for s in casts_s] + same_s
+        return casts_d + same_d, [s.float() for s in casts_s] + same_s, casts_b + same_b
 
-    before = streamed()
+    streamed, items = counter("kernel_streamed_bytes"), counter("kernel_items")
     dsts = assert_as_stock(direct_copy, make)
-    assert streamed() - before == sum(d.nbytes for d in dsts[2:])
+    assert counter("kernel_items") - items == 4  # one pass copied all four pairs
+    assert counter("kernel_streamed_bytes") - streamed == sum(d.nbytes for d in dsts[2:])
 
 
 def test_all_gather_copy_in_beyond_the_cache_streams_stocks_bytes():
@@ -112,8 +135,8 @@ def test_all_gather_copy_in_beyond_the_cache_streams_stocks_bytes():
     want_out = torch.zeros(world * numel, dtype=torch.bfloat16)
     torch.ops.fsdp.all_gather_copy_in(inputs, want_out, sizes, numel, rank)
     out = torch.zeros(world * numel, dtype=torch.bfloat16)
-    before = streamed()
+    streamed = counter("kernel_streamed_bytes")
     got_in, got_out = nd.all_gather_copy_in(inputs, out, sizes, numel, rank)
     assert got_out is out and got_in.data_ptr() == out.data_ptr() + numel * rank * 2
     assert torch.equal(out.view(torch.uint8), want_out.view(torch.uint8))
-    assert streamed() - before == numel * 2
+    assert counter("kernel_streamed_bytes") - streamed == numel * 2

@@ -176,8 +176,8 @@ def write_markdown(result: dict, path: str, chart: str | None) -> None:
         "exact foreach copy reaches here: roofline / (fastest flat copy + that per-pair work timed "
         "alone, metadata hot in cache), and roofline / floor (the per-pair work right after the "
         "copy, as a real call meets it). Estimates, not proofs. bound (checks): the higher of the "
-        "two for efficiency targets, the mode estimate (the mode ceiling without the native "
-        "library's floors) for targets through the mode. Launches: from `NpuFastCopyMode.stats` for one call "
+        "two for efficiency targets, the mode ceiling for targets through the mode (the estimate "
+        "is not read: a mode has come in under the null route + copy). Launches: from `NpuFastCopyMode.stats` for one call "
         "(stock on CPU issues one `copy_` per pair).",
         tables(result),
     ]

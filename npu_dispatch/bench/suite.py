@@ -259,10 +259,11 @@ def finish_row(w: Workload, row: dict, t: dict[str, timing.Timing], metrics: dic
     row["times_us"] = {k: v.as_dict() for k, v in t.items()}
     if metrics is None:
         metrics = metrics_of(row["kind"], {k: v.median_us for k, v in t.items()})
-    # The estimates the checks are read against: a dispatch mode, speedup_mode_estimate where the
-    # native floors were timed, else its delivery alone (null mode or null route, measured lower
-    # bounds); a foreach copy, efficiency_bound.
-    ceilings = {"speedup_mode": metrics.get("speedup_mode_estimate") or metrics.get("speedup_mode_ceiling"),
+    # The estimates the checks are read against: a dispatch mode pays at least the delivery of the
+    # op (null mode or null route, measured lower bounds; speedup_mode_estimate is shown beside
+    # it, not read: the mode has come in under the null route + copy); a foreach copy,
+    # efficiency_bound.
+    ceilings = {"speedup_mode": metrics.get("speedup_mode_ceiling"),
                 "efficiency_direct": metrics.get("efficiency_bound")}
     row["metrics"] = metrics
     row["checks"] = [
@@ -296,7 +297,8 @@ def metrics_of(kind: str, med: dict[str, float]) -> dict:
             # An estimate, not a bound, of the best a dispatch mode that copies reaches: the
             # route's delivery with a call's bytes moved as one flat copy between other buffers,
             # plus the per-pair work timed alone (metadata hot, the optimistic of the floors' two
-            # per-pair figures). Cache effects can put a real call on either side of it.
+            # per-pair figures; it also reads the Python lists, which the route's binding has
+            # already done, so it leans low). Cache effects can put a real call on either side.
             "speedup_mode_estimate": (
                 _ratio(med["stock"], med["null_route_copy"] + max(med["pair_floor"] - med["call_floor"], 0.0))
                 if "null_route_copy" in med and "pair_floor" in med else None),
