@@ -128,11 +128,10 @@ def info() -> dict:
     from which a pass streams (``stream_moved_bytes``: the last-level cache's size)."""
     if _planned is None:
         return {}
-    info = torch.ops.npu_dispatch._native_info.default()
-    abi, passes, items, nbytes, streamed, lane, sharded, stream_at = info
+    abi, passes, items, nbytes, streamed, lane, sharded, stream_at = torch.ops.npu_dispatch._native_info.default()
     return {"abi": abi, "kernel_passes": passes, "kernel_items": items, "kernel_bytes": nbytes,
-            "kernel_streamed_bytes": streamed,
-            "fast_lane_calls": lane, "sharded_lane_calls": sharded, "stream_moved_bytes": stream_at, "build_seconds": _build_seconds}
+            "kernel_streamed_bytes": streamed, "fast_lane_calls": lane, "sharded_lane_calls": sharded,
+            "stream_moved_bytes": stream_at, "build_seconds": _build_seconds}
 
 
 def module():
