@@ -2,16 +2,26 @@
 
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/ops/_foreach_copy.h>
+#include <ATen/ops/narrow.h>
+#include <ATen/ops/split_with_sizes.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include "capability_table.h"
 #include "execute.h"
-#include "fast_lane.h"
+#include "lane_call.h"
 #include "plan.h"
 
 namespace npu_dispatch {
 
 namespace {
+
+thread_local int t_planner_depth = 0;
+
+struct InsidePlanner {
+  InsidePlanner() { ++t_planner_depth; }
+  ~InsidePlanner() { --t_planner_depth; }
+};
 
 bool any_requires_grad(at::TensorList ts) {
   for (const auto& t : ts) {
@@ -20,13 +30,54 @@ bool any_requires_grad(at::TensorList ts) {
   return false;
 }
 
+// The fast lane over the whole list, one thread (calls through the dispatcher carry the binding's
+// work around the copy, and there the sharded lane's threads never gained: docs/notes/profile.md,
+// "The mode's dispatch route"). Empty where the lane refuses the call (nothing written).
+std::vector<int64_t> lane_pass(at::TensorList dsts, at::TensorList srcs, bool bump, int64_t serial_moved_bytes) {
+  const size_t n = dsts.size();
+  const auto caps = current_capabilities();  // the lane keeps pointers into it
+  LaneCall call(n);
+  c10::TensorImpl** impls = call.impls();
+  for (size_t i = 0; i < n; ++i) {
+    impls[i] = dsts[i].unsafeGetTensorImpl();
+    impls[n + i] = srcs[i].unsafeGetTensorImpl();
+  }
+  switch (call.prepare(*caps, /*grad_check=*/false, kReleaseGilBytes, /*shard=*/false, bump, serial_moved_bytes)) {
+    case LaneCall::Step::Refused:
+      return {};
+    case LaneCall::Step::Prepared:
+      call.copy();
+      break;
+    case LaneCall::Step::Copied:
+      break;
+  }
+  auto counts = call.counts();
+  counts[0] |= kBumped;  // LaneCall moved every counter itself (or, without `bump`, none)
+  return counts;
+}
+
 }  // namespace
 
+bool inside_planner() { return t_planner_depth > 0; }
+
+bool stock_bumps(at::TensorList dsts) {
+  if (!c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView)) return true;
+  const auto caps = current_capabilities();
+  for (const auto& d : dsts) {
+    if (d.defined() && !d.is_cpu()) {
+      const Capability* cap = caps->get(d.device().type());
+      if (cap == nullptr || !cap->whole_list) return true;
+    }
+  }
+  return false;
+}
+
 std::vector<int64_t> plan_and_run(at::TensorList dsts, at::TensorList srcs, bool non_blocking,
-                                  bool strict, bool bump, bool defer_if_grad) {
+                                  bool strict, bool bump, bool defer_if_grad, int64_t serial_moved_bytes) {
+  InsidePlanner inside;
   if (lazy_bit_dst(dsts) >= 0) {
-    // plan.py lazy_bit_dst: stock's dispatcher raises for such a list before checking it, so the
-    // stock op gives the error (and, were it ever to accept the list, the copy and its bumps).
+    // Stock's dispatcher raises for such a list before checking it, so the stock op gives the
+    // error (and, were it ever to accept the list, the copy and its bumps).
     at::_foreach_copy_(dsts, srcs, non_blocking);
     std::vector<int64_t> v(kCountsLen, 0);
     v[0] = kExecuted | kBumped;
@@ -42,21 +93,13 @@ std::vector<int64_t> plan_and_run(at::TensorList dsts, at::TensorList srcs, bool
     deferred[0] = kDeferred;
     return deferred;
   }
-  std::vector<int64_t> counts;
+  std::vector<int64_t> counts = lane_pass(dsts, srcs, bump, serial_moved_bytes);
+  if (!counts.empty()) return counts;  // all pairs fast: nothing for strict to block
   std::vector<uint8_t> self_bumped;
   {
     at::AutoDispatchBelowADInplaceOrView below;
-    const auto caps = current_capabilities();
-    // One thread's lane, even for long lists: calls through the dispatcher carry a hundred
-    // microseconds of boxing and Python around the copy, and there the sharded lane's threads
-    // never gained (tiny_many under NpuFastCopyMode: 140.6 us with one thread's lane, 143.6 and
-    // 144.1 us sharded, in alternating processes; the direct op: 16.5 against 13 us).
-    FastLane lane;
-    if (lane.prepare(dsts, srcs, *caps)) {
-      counts = lane.run();  // all pairs fast: nothing for strict to block
-    } else {
-      counts = execute(build_plan(dsts, srcs, *caps), dsts, srcs, non_blocking, strict, bump, &self_bumped);
-    }
+    counts = execute(build_plan(dsts, srcs, *current_capabilities()), dsts, srcs, non_blocking, strict, bump,
+                     &self_bumped);
   }
   // As stock: a destination without a version counter (execute.h) moves nothing inside
   // inference_mode (outside it the plan was stock's loop, which raised); others move even inside
@@ -71,6 +114,19 @@ std::vector<int64_t> plan_and_run(at::TensorList dsts, at::TensorList srcs, bool
     }
   }
   return counts;
+}
+
+std::tuple<at::Tensor, at::Tensor> all_gather_copy_in(at::TensorList inputs, const at::Tensor& out,
+                                                      c10::IntArrayRef sizes, int64_t numel, int64_t rank,
+                                                      std::vector<int64_t>* counts) {
+  auto slice = out.narrow(0, numel * rank, numel);
+  const auto dsts = slice.split_with_sizes(sizes);
+  {
+    c10::AutoGradMode no_grad(false);
+    // Each split moves the output's shared counter once, as stock's _foreach_copy_ there does.
+    *counts = plan_and_run(dsts, inputs, false, false, stock_bumps({out}));
+  }
+  return {std::move(slice), out};
 }
 
 std::vector<int64_t> plan_encoded(at::TensorList dsts, at::TensorList srcs) {

@@ -1,24 +1,50 @@
-// One `_foreach_copy_` through the native planner: what every entry point (the C++ kernels of
-// the public ops, npu_dispatch::_foreach_copy_planned, the Python fast entry) runs.
+// One `_foreach_copy_` through the native planner: what every entry that reaches it through the
+// dispatcher runs (the interception kernels of intercept.h, the kernels of the npu_dispatch ops,
+// the Python debugging mode's handler). The public npu_dispatch.foreach_copy_ called from Python
+// tries the sharded fast lane first (python_entry.cpp) and comes here when it refuses.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <tuple>
 #include <vector>
+
+#include "tuning.h"
 
 namespace npu_dispatch {
 
-// Checks the lists, plans against the capability table in force and executes (nothing when
-// `strict` finds a fallback). Copies are issued below ADInplaceOrView; with `bump`, each listed
-// destination's version counter then moves once, as stock's in-place kernel does (the caller
-// decides when: the Python engine passes its own rule). Returns the count vector of execute.h.
-// With `defer_if_grad`, nothing runs (flags kDeferred) when grad mode is on and a tensor
-// requires grad: the caller bypassed the dispatcher, whose Autograd kernel must see such a call.
+// Checks the lists (stock's errors and messages), then the fast lane (lane_call.h) as the
+// planner's first pass, then the full plan against the capability table in force, and executes
+// (nothing when `strict` finds a fallback). Copies are issued below ADInplaceOrView; with `bump`,
+// each listed destination's version counter then moves once, as stock's in-place kernel does.
+// Returns the count vector of execute.h. With `defer_if_grad`, nothing runs (flags kDeferred)
+// when grad mode is on and a tensor requires grad: the caller bypassed the dispatcher, whose
+// Autograd kernel must see such a call. While it runs, the thread is inside_planner().
 std::vector<int64_t> plan_and_run(at::TensorList dsts, at::TensorList srcs, bool non_blocking,
-                                  bool strict, bool bump, bool defer_if_grad = false);
+                                  bool strict, bool bump, bool defer_if_grad = false,
+                                  int64_t serial_moved_bytes = kDispatchedSerialMovedBytes);
+
+// FSDP2's all-gather copy-in, as torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py
+// all_gather_copy_in does it: narrow the output to this rank's slice, split it by the sizes, and
+// copy the inputs into the splits under no_grad (plan_and_run). Returns (slice, output), the slice a
+// view of the output; narrow and split raise stock's errors before anything is written.
+// `counts` receives the count vector.
+std::tuple<at::Tensor, at::Tensor> all_gather_copy_in(at::TensorList inputs, const at::Tensor& out,
+                                                      c10::IntArrayRef sizes, int64_t numel, int64_t rank,
+                                                      std::vector<int64_t>* counts);
 
 // The plan of plan.cpp encode_plan, against the table in force; nothing is written.
 std::vector<int64_t> plan_encoded(at::TensorList dsts, at::TensorList srcs);
+
+// Whether this thread is inside plan_and_run: the stock ops it issues (a device's own batched
+// kernel, stock's per-pair loop) must reach the backends, not the interception kernels again.
+bool inside_planner();
+
+// Whether stock's _foreach_copy_ called here would bump the destinations' version counters:
+// always, except below ADInplaceOrView, where its per-pair copy_ loop bumps none. A batched
+// kernel that bumps anyway (CUDA's) is seen by the executor, so CPU and whole_list_only devices
+// need no bump of ours there; other accelerators keep the bumps.
+bool stock_bumps(at::TensorList dsts);
 
 }  // namespace npu_dispatch

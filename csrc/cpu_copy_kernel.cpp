@@ -22,10 +22,6 @@ namespace npu_dispatch {
 namespace {
 
 constexpr int kOps = static_cast<int>(CopyOp::Count);
-// Longest single memcpy. Above a cache-size threshold glibc switches to its own non-temporal
-// path, which on the CI machine (AMD EPYC VM) moved 19-30 GB/s where 64 KB calls moved 22-41 GB/s
-// (16 MB and 64 MB buffers, one thread); a pass beyond the cache streams with stream_copy.h.
-constexpr int64_t kMemcpyChunk = 64 * 1024;
 
 struct OpConfig {
   const ConvertFns* fns = nullptr;  // nullptr: refused, stock copies it

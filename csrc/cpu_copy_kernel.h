@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "tuning.h"
+
 namespace npu_dispatch {
 
 enum class CopyOp : uint8_t { Memcpy, F32ToBF16, BF16ToF32, F32ToF16, F16ToF32, Count };
@@ -21,15 +23,6 @@ struct WorkItem {
 
 struct KernelConfig;
 
-// Destination bytes one thread takes at least when a pass splits across threads; about ATen's
-// GRAIN_SIZE elements of a 2-byte type.
-constexpr int64_t kCopyGrainBytes = 64 * 1024;
-// Bytes read plus written at or below which a pass runs on the calling thread: ATen's copy_
-// goes parallel above GRAIN_SIZE elements (32768 fp32 read and written: 256 KB). Measured on
-// the 2-core CI machine with the lane (destination bytes: tiny_many 327 KB, adjacent 457 KB,
-// small_many 914 KB): parallel passes took 12 to 32 % less time than serial ones. The mode's
-// route passes its own limit (csrc/mode_route.cpp).
-constexpr int64_t kSerialMovedBytes = 256 * 1024;
 
 class CpuCopyBatch {
  public:

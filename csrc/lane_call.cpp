@@ -1,6 +1,5 @@
 #include "lane_call.h"
 
-#include <c10/core/impl/LocalDispatchKeySet.h>
 
 namespace npu_dispatch {
 
@@ -15,22 +14,6 @@ struct LaneCall::Scratch {
   ShardedLane sharded;
 };
 
-namespace {
-constexpr size_t kKeptPairs = 4096;
-}  // namespace
-
-bool lane_keys_plain(bool under_mode, bool* bumps) {
-  const bool below = c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView);
-  if ((below && bumps == nullptr) ||
-      (under_mode && c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python))) {
-    return false;
-  }
-  if (bumps != nullptr) *bumps = !below;
-  static const c10::DispatchKeySet usual({c10::DispatchKey::BackendSelect, c10::DispatchKey::ADInplaceOrView});
-  static const c10::DispatchKeySet mode_keys({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot});
-  return (c10::impl::tls_local_dispatch_key_set().included_ - usual - (under_mode ? mode_keys : c10::DispatchKeySet()))
-      .empty();
-}
 
 LaneCall::LaneCall(size_t n) : n_(n) {
   static thread_local Scratch kept;

@@ -1,7 +1,7 @@
-// Counters for calls that C++ runs with no Python around them: the kernels of
-// npu_dispatch::foreach_copy_ and all_gather_copy_in (compiled code, the public wrappers), the
-// direct entry, and NpuFastCopyMode's dispatch route (mode_route.h). Python drains them into a
-// CopyStats when it reads one (npu_dispatch.stats).
+// Counters for calls that C++ runs with no Python around them: the kernels of the npu_dispatch
+// ops (compiled code, the public wrappers), the direct entry, and the interception kernels of an
+// entered NpuFastCopyMode (intercept.h). Python drains them into a CopyStats when it reads one
+// (npu_dispatch.stats).
 #pragma once
 
 #include <cstdint>
@@ -10,8 +10,16 @@
 
 namespace npu_dispatch {
 
-// The ops C++ counts: the direct ops, and aten._foreach_copy_ as the mode's route takes it.
-enum CountedOp : int { kOpForeachCopy = 0, kOpAllGatherCopyIn, kOpAtenForeachCopy, kNumCountedOps };
+// The ops C++ counts, in the order of npu_dispatch/_native.py _COUNTED_OPS: the npu_dispatch ops,
+// then the stock ops an entered NpuFastCopyMode intercepts.
+enum CountedOp : int {
+  kOpForeachCopy = 0,
+  kOpAllGatherCopyIn,
+  kOpAtenForeachCopy,
+  kOpAtenForeachCopyFunctional,
+  kOpFsdpAllGatherCopyIn,
+  kNumCountedOps
+};
 
 // One set of counters, safe to share between threads.
 class OpStats {
@@ -29,6 +37,7 @@ class OpStats {
 };
 
 // The counters of the direct ops called outside any mode (npu_dispatch.stats.global_stats).
+// Calls made inside an entered mode count there instead: mode_scope.h record_call.
 void record_direct(CountedOp op, const std::vector<int64_t>& counts, int64_t nanoseconds);
 std::vector<int64_t> drain_direct();
 

@@ -1,4 +1,5 @@
-// The copy planner of npu_dispatch/plan.py in C++ (plan.py is the spec; keep the two in step).
+// The copy planner: the one set of eligibility rules every entry of the library uses (npu_dispatch's
+// Python side only decodes and renders its plans: npu_dispatch/_native_plan.py).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -28,6 +29,7 @@ enum class Kind : int8_t {
   NoCapability,
   OrderDependent,  // whole call: a 0-dim conversion; stock's CPU copy reads its strides from stale stack (plan.py)
   WholeListRoute,  // whole call: a whole_list_only device (CUDA) that stock copies pair by pair
+  Schema,  // whole call: an intercepted op whose installed schema this library was not written for
   Count,
 };
 constexpr int kNumKinds = static_cast<int>(Kind::Count);

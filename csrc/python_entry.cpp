@@ -8,10 +8,7 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
-#include <ATen/Parallel.h>
 
-#include <atomic>
-#include <chrono>
 #include <optional>
 #include <vector>
 
@@ -19,7 +16,9 @@
 #include "capability_table.h"
 #include "copy_call.h"
 #include "lane_call.h"
-#include "mode_route.h"
+#include "intercept.h"
+#include "mode_scope.h"
+#include <torch/csrc/autograd/forward_grad.h>
 #include "native_stats.h"
 
 namespace {
@@ -75,7 +74,7 @@ PyObject* to_tuple(const std::vector<int64_t>& v) {
   return out;
 }
 
-// foreach_copy_planned(dsts, srcs, non_blocking, strict, bump[, defer_if_grad])
+// foreach_copy_planned(dsts, srcs, non_blocking, strict, bump: bool | None[, defer_if_grad])
 //   -> tuple of ints (execute.h)
 PyObject* foreach_copy_planned(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
@@ -91,7 +90,8 @@ PyObject* foreach_copy_planned(PyObject* /*self*/, PyObject* const* args, Py_ssi
   }
   const bool non_blocking = PyObject_IsTrue(args[2]) == 1;
   const bool strict = PyObject_IsTrue(args[3]) == 1;
-  const bool bump = PyObject_IsTrue(args[4]) == 1;
+  // None: stock's rule for where the call is made (copy_call.h stock_bumps).
+  const bool bump = args[4] == Py_None ? npu_dispatch::stock_bumps(dsts) : PyObject_IsTrue(args[4]) == 1;
   const bool defer_if_grad = nargs == 6 && PyObject_IsTrue(args[5]) == 1;
   std::vector<int64_t> counts;
   {
@@ -102,12 +102,19 @@ PyObject* foreach_copy_planned(PyObject* /*self*/, PyObject* const* args, Py_ssi
   END_HANDLE_TH_ERRORS
 }
 
-// Nothing between the caller and the kernel would act on the op: no dispatch mode (or, for
-// `from_mode`, exactly one: NpuFastCopyMode, whose torch-function front checked that it is the
-// one), no torch function mode, and the thread's dispatch keys as lane_keys_plain() wants them.
-bool plain_context(bool from_mode) {
-  return c10::impl::TorchDispatchModeTLS::stack_len() == (from_mode ? 1 : 0) &&
-         !at::impl::torch_function_mode_enabled() && npu_dispatch::lane_keys_plain(from_mode);
+// The gate of the direct entry: nothing between a Python caller and the kernel would act on the
+// op. No dispatch mode and no torch function mode; no forward-AD level (VariableType acts on
+// tangents); ADInplaceOrView not excluded (stock's copy_ loop bumps nothing below it: the
+// dispatcher's path decides there); and no dispatch key switched on in this thread beyond the
+// usual ones (a functorch layer's, the JIT tracer's). Calls through the dispatcher need no such
+// gate: by BackendSelect, where the interception kernels sit (intercept.h), every layer above
+// has acted. Python adds the one thing C++ cannot see: a compiler tracing the caller.
+bool unobserved() {
+  static const c10::DispatchKeySet usual({c10::DispatchKey::BackendSelect, c10::DispatchKey::ADInplaceOrView});
+  return c10::impl::TorchDispatchModeTLS::stack_len() == 0 && !at::impl::torch_function_mode_enabled() &&
+         torch::autograd::ForwardADLevel::try_get_by_idx(0) == nullptr &&
+         !c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView) &&
+         (c10::impl::tls_local_dispatch_key_set().included_ - usual).empty();
 }
 
 // An exact list or tuple (FSDP2 passes torch.split's tuples): its items and length, no copy.
@@ -130,37 +137,24 @@ bool unpack_impls(PyObject* list, c10::TensorImpl** out) {
   return true;
 }
 
-// The direct op's answer once the copy and its bumps are done: the count vector for the mode's
-// front, else True with the call counted in the direct op's stats.
-PyObject* direct_done(bool from_mode, const std::vector<int64_t>& counts,
-                      std::chrono::steady_clock::time_point t0) {
-  if (from_mode) return to_tuple(counts);
-  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
-  npu_dispatch::record_direct(npu_dispatch::kOpForeachCopy, counts, ns.count());
-  Py_RETURN_TRUE;
-}
-
-// foreach_copy_direct(dsts, srcs, non_blocking[, from_mode]) -> bool | tuple  (lists or tuples)
-// The public npu_dispatch.foreach_copy_ on the fast lane, counted in the direct op's stats.
-// False, with nothing written, when the call needs the general path (anything the lane
-// refuses, errors included: that path raises stock's). With `from_mode` (NpuFastCopyMode's
-// torch-function front, its own dispatch mode the only one active) the count vector of
-// execute.h comes back instead of True, for the mode's stats.
+// foreach_copy_direct(dsts, srcs, non_blocking) -> bool  (lists or tuples)
+// The public npu_dispatch.foreach_copy_ on the fast lane, counted as mode_scope.h record_call
+// counts. False, with nothing written, when the call needs the general path (anything the lane
+// refuses, errors included: that path raises stock's).
 PyObject* foreach_copy_direct(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
-  if (nargs != 3 && nargs != 4) {
-    PyErr_SetString(PyExc_TypeError, "foreach_copy_direct(dsts, srcs, non_blocking[, from_mode])");
+  if (nargs != 3) {
+    PyErr_SetString(PyExc_TypeError, "foreach_copy_direct(dsts, srcs, non_blocking)");
     return nullptr;
   }
-  const bool from_mode = nargs == 4 && PyObject_IsTrue(args[3]) == 1;
-  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t t0 = npu_dispatch::now_ns();
   PyObject* dl = args[0];
   PyObject* sl = args[1];
   PyObject** ditems;
   PyObject** sitems;
   Py_ssize_t dn, sn;
   if (!seq_items(dl, &ditems, &dn) || !seq_items(sl, &sitems, &sn) || dn == 0 || dn != sn ||
-      !plain_context(from_mode)) {
+      !unobserved()) {
     Py_RETURN_FALSE;
   }
   // The GIL stays held from here to the copy (or the references below are taken), so the
@@ -189,52 +183,9 @@ PyObject* foreach_copy_direct(PyObject* /*self*/, PyObject* const* args, Py_ssiz
       break;
     }
   }
-  return direct_done(from_mode, call.counts(), t0);
+  npu_dispatch::record_call(npu_dispatch::kOpForeachCopy, call.counts(), npu_dispatch::now_ns() - t0);
+  Py_RETURN_TRUE;
   END_HANDLE_TH_ERRORS
-}
-
-// touch_pairs(dsts: list, srcs: list) -> None. The benchmark's per-pair floor (npu_dispatch/bench):
-// what any exact foreach copy repeats per pair on top of the bytes it moves (read both tensors'
-// addresses and sizes, bump the destination's version counter), and nothing more. Not a copy.
-PyObject* touch_pairs(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
-  HANDLE_TH_ERRORS
-  if (nargs != 2 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[1]) ||
-      PyList_GET_SIZE(args[0]) != PyList_GET_SIZE(args[1])) {
-    PyErr_SetString(PyExc_TypeError, "touch_pairs(dsts: list, srcs: list) of equal lengths");
-    return nullptr;
-  }
-  const size_t n = static_cast<size_t>(PyList_GET_SIZE(args[0]));
-  std::vector<c10::TensorImpl*> impls(2 * n);
-  if (!unpack_impls(args[0], impls.data()) || !unpack_impls(args[1], impls.data() + n)) {
-    PyErr_SetString(PyExc_TypeError, "touch_pairs takes plain tensors");
-    return nullptr;
-  }
-  for (size_t i = 0; i < 2 * n; ++i) {
-    if (impls[i]->layout() != c10::kStrided || !impls[i]->unsafe_storage()) {
-      PyErr_SetString(PyExc_TypeError, "touch_pairs takes strided tensors with storage");
-      return nullptr;
-    }
-  }
-  uintptr_t sink = 0;
-  for (size_t i = 0; i < 2 * n; ++i) {
-    const c10::TensorImpl* t = impls[i];
-    sink += reinterpret_cast<uintptr_t>(t->unsafe_storage().data()) + t->storage_offset() + t->numel();
-  }
-  for (size_t i = 0; i < n; ++i) impls[i]->bump_version();
-  asm volatile("" : : "r"(sink));
-  Py_RETURN_NONE;
-  END_HANDLE_TH_ERRORS
-}
-
-// region_probe() -> None. The benchmark's measure of what starting and joining the torch threads
-// costs at that moment (npu_dispatch/bench): one empty parallel region on every thread. On the CI
-// machine (a VM) it reads about 0.5 us in some stretches and 1.3 us in others, and every call
-// that spreads its work over threads moves with it.
-PyObject* region_probe(PyObject* /*self*/, PyObject* const* /*args*/, Py_ssize_t /*nargs*/) {
-  std::atomic<int64_t> sink{0};
-  const int64_t threads = at::get_num_threads();
-  at::parallel_for(0, threads, 1, [&](int64_t b, int64_t e) { sink.fetch_add(e - b, std::memory_order_relaxed); });
-  Py_RETURN_NONE;
 }
 
 // plan(dsts, srcs) -> tuple of ints (plan.cpp encode_plan). Not through the dispatcher: a
@@ -254,68 +205,81 @@ PyObject* plan(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   END_HANDLE_TH_ERRORS
 }
 
-PyObject* counts_or_none(const std::vector<int64_t>& v) {
-  if (v.empty()) Py_RETURN_NONE;
-  return to_tuple(v);
-}
-
 bool arity(Py_ssize_t nargs, Py_ssize_t lo, Py_ssize_t hi, const char* usage) {
   if (nargs >= lo && nargs <= hi) return true;
   PyErr_SetString(PyExc_TypeError, usage);
   return false;
 }
 
-// mode_route_enter(mode[, probe[, probe_dst, probe_src]]) -> None: `mode` (an NpuFastCopyMode)
-// is pushed; the route may serve it (csrc/mode_route.h), installed on the first call. `probe`:
-// the benchmark's floor; with the two tensors, it copies them instead of the call's lists
-// (ValueError where the fast lane refuses that pair).
-PyObject* mode_route_enter(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+PyObject* to_tuple_or_none(const std::vector<int64_t>& v) {
+  if (v.empty()) Py_RETURN_NONE;
+  return to_tuple(v);
+}
+
+// scope_new(probe) -> int: a scope for one NpuFastCopyMode (mode_scope.h). `probe`: the
+// benchmark's floor, taking every call the kernels would serve and doing nothing.
+PyObject* scope_new(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
-  static const char* usage = "mode_route_enter(mode[, probe[, probe_dst, probe_src]])";
-  if (!arity(nargs, 1, 4, usage)) return nullptr;
-  std::optional<std::pair<at::Tensor, at::Tensor>> probe_copy;
-  if (nargs >= 3) {
-    if (nargs != 4 || !THPVariable_Check(args[2]) || !THPVariable_Check(args[3])) {
-      PyErr_SetString(PyExc_TypeError, usage);
-      return nullptr;
-    }
-    if (PyObject_IsTrue(args[1]) != 1) {
-      PyErr_SetString(PyExc_TypeError, "mode_route_enter: probe_dst and probe_src only with probe");
-      return nullptr;
-    }
-    probe_copy.emplace(THPVariable_Unpack(args[2]), THPVariable_Unpack(args[3]));
-  }
-  npu_dispatch::install_mode_route();
-  try {
-    npu_dispatch::route_mode_entered(args[0], nargs >= 2 && PyObject_IsTrue(args[1]) == 1, probe_copy);
-  } catch (const std::invalid_argument& e) {
-    PyErr_SetString(PyExc_ValueError, e.what());
-    return nullptr;
-  }
+  if (!arity(nargs, 1, 1, "scope_new(probe)")) return nullptr;
+  return PyLong_FromLongLong(npu_dispatch::scope_new(PyObject_IsTrue(args[0]) == 1));
+  END_HANDLE_TH_ERRORS
+}
+
+int64_t scope_id(PyObject* o) { return PyLong_AsLongLong(o); }
+
+PyObject* scope_free(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (!arity(nargs, 1, 1, "scope_free(id)")) return nullptr;
+  npu_dispatch::scope_free(scope_id(args[0]));
   Py_RETURN_NONE;
   END_HANDLE_TH_ERRORS
 }
 
-// mode_route_exit(mode) -> tuple | None: popped; the route's counters for it since the last
-// drain (native_stats.h layout), None if it was not entered.
-PyObject* mode_route_exit(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+PyObject* scope_enter(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
-  if (!arity(nargs, 1, 1, "mode_route_exit(mode)")) return nullptr;
-  return counts_or_none(npu_dispatch::route_mode_exited(args[0]));
+  if (!arity(nargs, 1, 1, "scope_enter(id)")) return nullptr;
+  npu_dispatch::scope_enter(scope_id(args[0]));
+  Py_RETURN_NONE;
   END_HANDLE_TH_ERRORS
 }
 
-// mode_route_drain(mode) -> tuple | None: the route's counters for an entered mode since the
-// last drain.
-PyObject* mode_route_drain(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+PyObject* scope_exit(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
-  if (!arity(nargs, 1, 1, "mode_route_drain(mode)")) return nullptr;
-  return counts_or_none(npu_dispatch::drain_route_mode(args[0]));
+  if (!arity(nargs, 1, 1, "scope_exit(id)")) return nullptr;
+  npu_dispatch::scope_exit(scope_id(args[0]));
+  Py_RETURN_NONE;
   END_HANDLE_TH_ERRORS
 }
 
-PyObject* mode_route_calls(PyObject* /*self*/, PyObject* const* /*args*/, Py_ssize_t /*nargs*/) {
-  return PyLong_FromLongLong(npu_dispatch::mode_route_calls());
+// scope_drain(id) -> tuple | None: the scope's counters since the last drain (native_stats.h).
+PyObject* scope_drain(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (!arity(nargs, 1, 1, "scope_drain(id)")) return nullptr;
+  return to_tuple_or_none(npu_dispatch::scope_drain(scope_id(args[0])));
+  END_HANDLE_TH_ERRORS
+}
+
+// install(fsdp: bool) -> None: the interception kernels (intercept.h); `fsdp` once
+// fsdp::all_gather_copy_in exists with the schema served here.
+PyObject* install(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (!arity(nargs, 1, 1, "install(fsdp)")) return nullptr;
+  npu_dispatch::install_aten_interception();
+  if (PyObject_IsTrue(args[0]) == 1) npu_dispatch::install_fsdp_interception();
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
+// install_passthrough(op_name, overload) -> None: counts an owned op of an unknown schema.
+PyObject* install_passthrough(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (!arity(nargs, 2, 2, "install_passthrough(op_name, overload)")) return nullptr;
+  const char* name = PyUnicode_AsUTF8(args[0]);
+  const char* overload = PyUnicode_AsUTF8(args[1]);
+  if (name == nullptr || overload == nullptr) return nullptr;
+  npu_dispatch::install_passthrough(name, overload);
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
 }
 
 PyMethodDef methods[] = {
@@ -325,18 +289,20 @@ PyMethodDef methods[] = {
      METH_FASTCALL, "Plan and execute one _foreach_copy_; returns the count vector."},
     {"foreach_copy_direct", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&foreach_copy_direct)),
      METH_FASTCALL, "The fast lane for the public foreach_copy_; False when the general path must run."},
-    {"region_probe", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&region_probe)),
-     METH_FASTCALL, "Benchmark probe: one empty parallel region on every torch thread."},
-    {"touch_pairs", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&touch_pairs)),
-     METH_FASTCALL, "Benchmark floor: read every pair's addresses and sizes, bump versions."},
-    {"mode_route_enter", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&mode_route_enter)),
-     METH_FASTCALL, "NpuFastCopyMode pushed: its dispatch route may serve it."},
-    {"mode_route_exit", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&mode_route_exit)),
-     METH_FASTCALL, "NpuFastCopyMode popped; returns the route's counters for it."},
-    {"mode_route_drain", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&mode_route_drain)),
-     METH_FASTCALL, "The route's counters for an entered NpuFastCopyMode since the last drain."},
-    {"mode_route_calls", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&mode_route_calls)),
-     METH_FASTCALL, "Calls the dispatch route has copied since load."},
+    {"scope_new", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&scope_new)), METH_FASTCALL,
+     "A scope for one NpuFastCopyMode."},
+    {"scope_free", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&scope_free)), METH_FASTCALL,
+     "Forget a scope."},
+    {"scope_enter", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&scope_enter)), METH_FASTCALL,
+     "Enter a scope on this thread."},
+    {"scope_exit", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&scope_exit)), METH_FASTCALL,
+     "Exit a scope on this thread."},
+    {"scope_drain", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&scope_drain)), METH_FASTCALL,
+     "A scope's counters since the last drain."},
+    {"install", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&install)), METH_FASTCALL,
+     "Register the interception kernels."},
+    {"install_passthrough", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&install_passthrough)), METH_FASTCALL,
+     "Count an owned op of an unknown schema."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -17,9 +17,6 @@
 namespace npu_dispatch {
 namespace {
 
-// Below this many pairs the region's start and its barriers (about 0.5 us here) cost more than
-// half the per-pair work saves.
-constexpr size_t kShardedPairs = 96;
 // Dtype pairs of singles one sharded call counts (lists hold one or two); more: the planner.
 constexpr size_t kMaxGroups = 16;
 

@@ -1,11 +1,15 @@
 """FSDP2 training of a small Llama-style model, stock and under NpuFastCopyMode, compared bitwise.
 
-Each rank trains with ``fully_shard`` per block and bf16 ``MixedPrecisionPolicy`` on a byte-level
-corpus (the source text of Python's own ``difflib`` module). The same steps run twice from the
-same seed: once stock, once under ``NpuFastCopyMode``; rank 0 reports both loss curves, whether
-they are bitwise equal, the mode's stats and the host time spent in copy-in per path.
+Each rank builds the same model twice from one seed, each with ``fully_shard`` per block and bf16
+``MixedPrecisionPolicy``, and trains both on the same batches of a byte-level corpus (the source
+text of Python's own ``difflib`` module), alternating: one step of the stock model with nothing on
+the dispatch stack, then one step of the other under ``NpuFastCopyMode()``. After every step the
+losses, the local gradient shards and the local parameter shards of the two models are compared
+bit for bit. Rank 0 reports the median step time of each and their ratio, the copies' host time
+per op (one extra profiled step of each, outside the timed ones) and the mode's stats.
 
     python examples/fsdp_train.py --steps 20 --world-size 2          # CPU, gloo
+    python examples/fsdp_train.py --device cuda                      # CUDA, nccl (one GPU per rank)
     python examples/fsdp_train.py --device npu                       # Ascend, hccl (needs torch_npu)
     python examples/fsdp_train.py --steps 3 --json                   # one JSON object at the end
 """
@@ -16,6 +20,7 @@ import importlib.util
 import json
 import os
 import socket
+import statistics
 import sys
 import tempfile
 import time
@@ -24,12 +29,16 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tiny_llama import Config, TinyLlama  # noqa: E402
 
 import npu_dispatch  # noqa: E402
+
+# The copies FSDP2 makes per all-gather, as the profiler names them.
+COPY_OPS = ("aten::_foreach_copy_", "fsdp::all_gather_copy_in")
+# Steps not timed: the first ones allocate and warm caches.
+WARMUP_STEPS = 2
 
 
 def corpus() -> torch.Tensor:
@@ -39,31 +48,7 @@ def corpus() -> torch.Tensor:
         return torch.frombuffer(bytearray(f.read()), dtype=torch.uint8).long()
 
 
-class CopyInTimer(TorchDispatchMode):
-    """Host time in the two copy-in ops on the stock path (the fast run's mode times itself)."""
-
-    def __init__(self):
-        super().__init__()
-        self.seconds = 0.0
-        self.ops = {torch.ops.aten._foreach_copy_.default, torch.ops.fsdp.all_gather_copy_in.default}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func not in self.ops:
-            return func(*args, **(kwargs or {}))
-        start = time.perf_counter()
-        out = func(*args, **(kwargs or {}))
-        self.seconds += time.perf_counter() - start
-        return out
-
-
-def _copy_in_seconds(mode) -> float:
-    if isinstance(mode, CopyInTimer):
-        return mode.seconds
-    return sum(v["seconds"] for v in mode.stats.as_dict()["ops"].values())
-
-
-def train(args, device: torch.device, rank: int, world: int, mode) -> tuple[list[float], float]:
-    """Losses per step, and host seconds in copy-in after the first step (a warm-up for both)."""
+def build(device: torch.device):
     torch.manual_seed(0)
     cfg = Config()
     model = TinyLlama(cfg).to(device)
@@ -71,27 +56,55 @@ def train(args, device: torch.device, rank: int, world: int, mode) -> tuple[list
     for blk in model.blocks:
         fully_shard(blk, mp_policy=mp_policy)
     fully_shard(model, mp_policy=mp_policy)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    data = corpus()
-    gen = torch.Generator().manual_seed(1234 + rank)
-    losses = []
-    warm = 0.0
-    with mode:
-        for step in range(args.steps):
-            if step == 1:
-                warm = _copy_in_seconds(mode)
-            starts = torch.randint(0, data.numel() - cfg.seq - 1, (args.batch,), generator=gen)
-            seq = torch.stack([data[s: s + cfg.seq + 1] for s in starts.tolist()]).to(device)
-            logits = model(seq[:, :-1])
-            loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, cfg.vocab), seq[:, 1:].reshape(-1))
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            # The global mean loss: every rank sees the same number.
-            total = loss.detach().clone()
-            dist.all_reduce(total)
-            losses.append((total / world).item())
-    return losses, _copy_in_seconds(mode) - warm
+    return cfg, model, torch.optim.AdamW(model.parameters(), lr=3e-3)
+
+
+def step(model, opt, cfg, seq, world: int) -> float:
+    """One training step; returns the global mean loss (every rank sees the same number)."""
+    logits = model(seq[:, :-1])
+    loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, cfg.vocab), seq[:, 1:].reshape(-1))
+    loss.backward()
+    opt.step()
+    total = loss.detach().clone()
+    dist.all_reduce(total)
+    return (total / world).item()
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    a, b = _local(a).detach().cpu(), _local(b).detach().cpu()
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def compare(stock, fast) -> tuple[bool, bool]:
+    """Whether every local gradient shard, and every local parameter shard, is bitwise equal."""
+    grads = params = True
+    for (name, p), (_, q) in zip(stock.named_parameters(), fast.named_parameters()):
+        if (p.grad is None) != (q.grad is None) or (p.grad is not None and not _same(p.grad, q.grad)):
+            grads = False
+        if not _same(p, q):
+            params = False
+    return grads, params
+
+
+def profiled_copy_ms(fn) -> dict:
+    """Host ms in each FSDP2 copy op during ``fn()``, from torch.profiler (CPU activity)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    totals = {op: 0.0 for op in COPY_OPS}
+    for evt in prof.key_averages():
+        if evt.key in totals:
+            totals[evt.key] += evt.cpu_time_total / 1e3
+    return totals
+
+
+def all_true(flag: bool, device: torch.device) -> bool:
+    t = torch.tensor([0 if flag else 1], device=device)
+    dist.all_reduce(t)
+    return t.item() == 0
 
 
 def worker(rank: int, world: int, port: int, args, out_path: str) -> None:
@@ -101,17 +114,59 @@ def worker(rank: int, world: int, port: int, args, out_path: str) -> None:
 
         device, backend = torch.device("npu", rank), "hccl"
         torch.npu.set_device(device)
+    elif args.device == "cuda":
+        device, backend = torch.device("cuda", rank), "nccl"
+        torch.cuda.set_device(device)
     else:
         device, backend = torch.device("cpu"), "gloo"
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     dist.init_process_group(backend, rank=rank, world_size=world)
     try:
-        timer = CopyInTimer()
-        losses_stock, seconds_stock = train(args, device, rank, world, timer)
-        fast = npu_dispatch.NpuFastCopyMode(front=args.front)
-        losses_fast, seconds_fast = train(args, device, rank, world, fast)
+        cfg, stock_model, stock_opt = build(device)
+        _, fast_model, fast_opt = build(device)
+        mode = npu_dispatch.NpuFastCopyMode()
+        data = corpus()
+        gen = torch.Generator().manual_seed(1234 + rank)
+        losses_stock, losses_fast, grads_equal, params_equal = [], [], [], []
+        sec_stock, sec_fast = [], []
+
+        def batch():
+            starts = torch.randint(0, data.numel() - cfg.seq - 1, (args.batch,), generator=gen)
+            return torch.stack([data[s: s + cfg.seq + 1] for s in starts.tolist()]).to(device)
+
+        def timed(fn):
+            dist.barrier()
+            start = time.perf_counter()
+            out = fn()
+            return out, time.perf_counter() - start
+
+        def fast_step(seq):
+            with mode:
+                return step(fast_model, fast_opt, cfg, seq, world)
+
+        for k in range(args.steps):
+            seq = batch()
+            loss, sec = timed(lambda: step(stock_model, stock_opt, cfg, seq, world))
+            losses_stock.append(loss)
+            sec_stock.append(sec)
+            loss, sec = timed(lambda: fast_step(seq))
+            losses_fast.append(loss)
+            sec_fast.append(sec)
+            g, p = compare(stock_model, fast_model)
+            grads_equal.append(all_true(g, device))
+            params_equal.append(all_true(p, device))
+            stock_opt.zero_grad(set_to_none=True)
+            fast_opt.zero_grad(set_to_none=True)
+        # One more step of each under the profiler, for the copies' host time (not timed above:
+        # the profiler records every op).
+        seq = batch()
+        copy_ms_stock = profiled_copy_ms(lambda: step(stock_model, stock_opt, cfg, seq, world))
+        copy_ms_fast = profiled_copy_ms(lambda: fast_step(seq))
         if rank == 0:
-            stats = fast.stats.as_dict()
+            timed_stock = sec_stock[WARMUP_STEPS:] or sec_stock
+            timed_fast = sec_fast[WARMUP_STEPS:] or sec_fast
+            med_stock, med_fast = statistics.median(timed_stock), statistics.median(timed_fast)
+            stats = mode.stats.as_dict()
             result = {
                 "steps": args.steps,
                 "world_size": world,
@@ -119,14 +174,21 @@ def worker(rank: int, world: int, port: int, args, out_path: str) -> None:
                 "losses_stock": losses_stock,
                 "losses_fast": losses_fast,
                 "bitwise_equal": [x.hex() for x in losses_stock] == [x.hex() for x in losses_fast],
-                "fast_path_calls": fast.stats.fast_path_calls,
-                "fallback_calls": fast.stats.total_fallback_calls,
+                "grads_equal_every_step": all(grads_equal),
+                "params_equal_every_step": all(params_equal),
+                "step_seconds_stock": med_stock,
+                "step_seconds_fast": med_fast,
+                "step_speedup": med_stock / med_fast,
+                "timed_steps": len(timed_stock),
+                "copy_ms_stock": copy_ms_stock,
+                "copy_ms_fast": copy_ms_fast,
+                "fast_path_calls": mode.stats.fast_path_calls,
+                "fallback_calls": mode.stats.total_fallback_calls,
                 "fast_path_calls_by_op": {op: v["fast_calls"] for op, v in stats["ops"].items()},
-                "copy_in_seconds_stock": seconds_stock,
-                "copy_in_seconds_fast": seconds_fast,
+                "calls_by_op": {op: v["calls"] for op, v in stats["ops"].items()},
                 "paths": stats["paths"],
                 "fallback_reasons": stats["fallback_reasons"],
-                "report": fast.stats.report(),
+                "report": mode.stats.report(),
             }
             with open(out_path, "w") as f:
                 json.dump(result, f)
@@ -146,18 +208,34 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def main(argv=None) -> dict:
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--world-size", type=int, default=2)
-    p.add_argument("--batch", type=int, default=4, help="sequences per rank per step")
-    p.add_argument("--device", choices=["cpu", "npu"], default="cpu")
+    p.add_argument("--steps", type=_positive, default=20)
+    p.add_argument("--world-size", type=_positive, default=2)
+    p.add_argument("--batch", type=_positive, default=4, help="sequences per rank per step")
+    p.add_argument("--device", choices=["cpu", "cuda", "npu"], default="cpu")
     p.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
-    p.add_argument("--front", action="store_true",
-                   help="NpuFastCopyMode(front=True): Python calls of torch._foreach_copy_ skip the dispatcher")
     args = p.parse_args(argv)
     if args.device == "npu" and importlib.util.find_spec("torch_npu") is None:
-        p.error("--device npu needs torch_npu and Ascend CANN: pip install 'npu-dispatch[npu]'")
+        p.error("--device npu needs Ascend's torch_npu and CANN installed (see Ascend's install guide)")
+    if args.device == "cuda" and torch.cuda.device_count() < args.world_size:
+        p.error(f"--device cuda needs one GPU per rank: {torch.cuda.device_count()} visible, "
+                f"--world-size {args.world_size}")
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         out_path = os.path.join(tmp, "result.json")
         mp.spawn(worker, args=(args.world_size, _free_port(), args, out_path), nprocs=args.world_size)
@@ -170,11 +248,15 @@ def main(argv=None) -> dict:
     print(f"{'step':>4}  {'loss stock':>12}  {'loss fast':>12}")
     for k, (a, b) in enumerate(zip(result["losses_stock"], result["losses_fast"])):
         print(f"{k:>4}  {a:>12.6f}  {b:>12.6f}{'' if a.hex() == b.hex() else '  DIFFERS'}")
-    print(f"\nlosses bitwise equal: {result['bitwise_equal']}")
-    print(f"fast-path calls: {result['fast_path_calls']}, fallback calls: {result['fallback_calls']}\n")
+    print(f"\nbitwise equal after every step: losses {result['bitwise_equal']}, "
+          f"gradients {result['grads_equal_every_step']}, parameters {result['params_equal_every_step']}")
+    print(f"median step time over {result['timed_steps']} steps: stock {result['step_seconds_stock'] * 1e3:.1f} ms, "
+          f"NpuFastCopyMode {result['step_seconds_fast'] * 1e3:.1f} ms ({result['step_speedup']:.2f}x)")
+    print("copy host time in one profiled step (rank 0):")
+    for op in COPY_OPS:
+        print(f"  {op:<28} stock {result['copy_ms_stock'][op]:7.3f} ms   fast {result['copy_ms_fast'][op]:7.3f} ms")
+    print(f"\nfast-path calls: {result['fast_path_calls']}, fallback calls: {result['fallback_calls']}\n")
     print(result["report"])
-    print(f"\ncopy-in host time on rank 0 after the first step: stock {result['copy_in_seconds_stock'] * 1e3:.2f} ms, "
-          f"fast {result['copy_in_seconds_fast'] * 1e3:.2f} ms")
     return result
 
 

@@ -41,7 +41,7 @@ __all__ = ["load", "available", "status", "build", "module", "planned_op", "dire
 log = logging.getLogger("npu_dispatch")
 
 _BASE_NAME = "npu_dispatch_native"
-_ABI_VERSION = 8
+_ABI_VERSION = 9
 _SOURCES = (
     "capability_table.cpp",
     "plan.cpp",
@@ -53,7 +53,8 @@ _SOURCES = (
     "fast_lane.cpp",
     "sharded_lane.cpp",
     "lane_call.cpp",
-    "mode_route.cpp",
+    "mode_scope.cpp",
+    "intercept.cpp",
     "execute.cpp",
     "copy_call.cpp",
     "native_stats.cpp",
@@ -280,7 +281,8 @@ def push_capabilities() -> None:
 
 
 # Layout of npu_dispatch::_drain_stats and of the mode route's counters (csrc/native_stats.h).
-_COUNTED_OPS = ("npu_dispatch.foreach_copy_", "npu_dispatch.all_gather_copy_in", "aten._foreach_copy_")
+_COUNTED_OPS = ("npu_dispatch.foreach_copy_", "npu_dispatch.all_gather_copy_in", "aten._foreach_copy_",
+                "aten._foreach_copy", "fsdp.all_gather_copy_in")
 
 
 def _drain_into(stats: "_stats.CopyStats") -> None:

@@ -1,8 +1,7 @@
 """Decoding of what the C++ planner returns: the ``int[]`` plan and the count vector.
 
 The C++ side sends indices and reason codes only; everything shown to a person (devices, dtypes,
-shapes, reason texts) is rebuilt here from the tensors themselves, with the words of
-``plan.py`` (tests/test_native.py checks that both planners give equal ``Plan`` objects).
+shapes, reason texts) is rebuilt here from the tensors themselves, with the words of ``plan.py``.
 """
 from __future__ import annotations
 
@@ -21,7 +20,7 @@ __all__ = ["KINDS", "decode_plan", "decode_counts", "native_plan", "EXECUTED", "
 KINDS = (
     "not_tensor", "subclass", "layout", "meta", "may_raise", "aliasing",
     "broadcast", "device", "not_dense", "strides", "conj_neg", "dtype", "no_capability",
-    "order_dependent", "whole_list_route",
+    "order_dependent", "whole_list_route", "schema",
 )
 # Flags in slot 0 of the count vector (csrc/execute.h).
 EXECUTED = 1

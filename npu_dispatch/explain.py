@@ -7,7 +7,7 @@ import torch
 
 from . import _native
 from ._native_plan import native_plan
-from .plan import Plan, build_plan, check_lists
+from .plan import Plan, check_lists
 
 __all__ = ["explain"]
 
@@ -18,14 +18,20 @@ def explain(self: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> Plan:
     The returned :class:`npu_dispatch.plan.Plan` lists the coalesced runs, the foreach groups (with
     device launches), the empty pairs, and for each pair that falls back the reason in words
     (``plan.reasons[i][1]``, e.g. ``"dst[3] is not dense"``); ``print(plan)`` shows it all.
+    Without the native library every call goes to stock: the plan says so (reason ``no_native``).
 
     Raises:
         RuntimeError: stock's list-level errors (empty lists, unequal lengths).
+        TypeError: an element of either list is not a Tensor.
     """
     self, src = list(self), list(src)
     check_lists(self, src)
-    # The planner that will run: the C++ one when the native library loads (it takes tensors
-    # only; plan.py names the non-tensor).
-    if _native.planned_op() is not None and all(isinstance(t, torch.Tensor) for t in self + src):
-        return native_plan(self, src)
-    return build_plan(self, src)
+    for name, ts in (("self", self), ("src", src)):
+        for i, t in enumerate(ts):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"explain(): {name}[{i}] is a {type(t).__name__}, not a Tensor")
+    if _native.planned_op() is None:
+        plan = Plan(len(self))
+        plan.stock_reason = ("no_native", f"the native library is unavailable ({_native.status()[1]})")
+        return plan
+    return native_plan(self, src)

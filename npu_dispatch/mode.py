@@ -1,23 +1,22 @@
-"""``NpuFastCopyMode``: a TorchDispatchMode that routes foreach copies and FSDP copy-in to the planner.
+"""``NpuFastCopyMode``: the fast path for FSDP2's copies, scoped to a ``with`` block.
 
-Per op the mode does one dict lookup; ops it does not own go straight to ``func``. With the native
-library, plain ``aten._foreach_copy_`` calls never reach Python: its dispatch route
-(csrc/mode_route.h) copies them at the first dispatch key they meet.
+By default the mode pushes no Python dispatch mode: entering it pushes a scope into PyTorch's
+thread-local debug info (csrc/mode_scope.h), and the library's C++ kernels at the BackendSelect
+dispatch key (csrc/intercept.h) serve the owned ops while the scope is set. Every other op
+dispatches exactly as with no mode. ``strict`` and ``verify`` are debugging aids and do push a
+Python ``TorchDispatchMode`` (:class:`_DebugMode`), which every op of the block then crosses.
 """
 from __future__ import annotations
 
 import importlib
 import logging
-import time
+import threading
 import weakref
 
 import torch
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import (TorchDispatchMode, _get_current_dispatch_mode,
-                                          is_traceable_wrapper_subclass_type)
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 
 from . import _native, engine
-from ._native_plan import decode_counts
 from .stats import CopyStats
 
 __all__ = ["NpuFastCopyMode"]
@@ -28,21 +27,115 @@ aten = torch.ops.aten
 _FSDP_SCHEMA = ("all_gather_inputs", "all_gather_output", "inp_split_sizes", "all_gather_input_numel", "rank")
 
 
+def _fsdp_op():
+    """``(fsdp.all_gather_copy_in.default or None, why not served or None)``."""
+    if not torch.distributed.is_available():
+        return None, "torch built without distributed"
+    importlib.import_module("torch.distributed.fsdp._fully_shard._fsdp_collectives")  # defines fsdp::
+    op = torch.ops.fsdp.all_gather_copy_in.default
+    names = tuple(a.name for a in op._schema.arguments)
+    if names != _FSDP_SCHEMA:
+        return op, f"unsupported fsdp::all_gather_copy_in schema {op._schema}"
+    return op, None
+
+
+# Filled on the first NpuFastCopyMode(): finding the FSDP op imports FSDP (about a second), which
+# `import npu_dispatch` should not pay. id(op) -> (op, handler or None where the op only passes
+# through, "namespace.name"): the debugging mode's table (OpOverload hashes cost ~150 ns in Python).
+_TABLE: dict = {}
+_FSDP_WHY: list = []  # why fsdp.all_gather_copy_in passes through, if it does
+
+
+def _install() -> None:
+    """Registers the npu_dispatch ops, and the C++ interception kernels once the native library
+    loads (csrc/intercept.h); reads FSDP's schema. Once per process."""
+    if _TABLE:
+        return
+    from . import ops  # noqa: F401  registers npu_dispatch::
+
+    handlers = {
+        aten._foreach_copy_.default: _foreach_copy_,
+        aten._foreach_copy.default: _foreach_copy,
+        torch.ops.npu_dispatch.foreach_copy_.default: _foreach_copy_,
+        torch.ops.npu_dispatch.all_gather_copy_in.default: _all_gather_copy_in,
+    }
+    entries = dict(handlers)
+    fsdp, why = _fsdp_op()
+    if fsdp is not None and why is None:
+        entries[fsdp] = _all_gather_copy_in
+    elif fsdp is not None:
+        log.warning("npu_dispatch: passing fsdp.all_gather_copy_in through to stock: %s", why)
+        entries[fsdp] = None
+        _FSDP_WHY.append(why)
+    module = _native.module()
+    if module is not None:
+        module.install(fsdp is not None and why is None)
+        if fsdp is not None and why is not None:
+            module.install_passthrough("fsdp::all_gather_copy_in", "")
+    else:
+        _install_no_native_counters([aten._foreach_copy_.default, aten._foreach_copy.default]
+                                    + ([fsdp] if fsdp is not None else []))
+    _TABLE.update({id(op): (op, h, f"{op.namespace}.{op._opname}") for op, h in entries.items()})
+
+
+# ---- without the native library: count, and leave every call to stock ---------------------------
+
+_local = threading.local()  # .modes: the NpuFastCopyModes entered on this thread without the library
+_AFTER_BACKEND_SELECT = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.BackendSelect)
+_KEEP_ALIVE: list = []
+
+
+def _install_no_native_counters(ops) -> None:
+    """Python kernels at BackendSelect for the owned ops, registered only where the native library
+    is missing: inside an entered mode each call is counted (reason ``no_native``; ``strict``
+    raises instead, before anything is written), and every call goes on below BackendSelect
+    unchanged, so results and version counters are stock's.
+    Other ops are untouched; the owned ops pay one Python call each, in the block or not. Calls
+    on threads other than the entering one are not counted (a Python thread-local holds the
+    modes)."""
+    libs: dict = {}
+    for op in ops:
+        ns = op.namespace
+        if ns not in libs:
+            libs[ns] = torch.library.Library(ns, "IMPL")
+        name = f"{op.namespace}.{op._opname}"
+
+        def kernel(keyset, *args, op=op, name=name, **kwargs):
+            modes = getattr(_local, "modes", None)
+            if modes and not getattr(_local, "inside", False):
+                if modes[-1].strict:
+                    raise engine.no_native_error(name)
+                modes[-1].stats.record_passthrough(name, "no_native")
+                _local.inside = True  # fsdp's kernel calls _foreach_copy_: one count per call
+                try:
+                    return op.redispatch(keyset & _AFTER_BACKEND_SELECT, *args, **kwargs)
+                finally:
+                    _local.inside = False
+            return op.redispatch(keyset & _AFTER_BACKEND_SELECT, *args, **kwargs)
+
+        overload = "" if op._overloadname == "default" else f".{op._overloadname}"
+        libs[ns].impl(op._opname + overload, kernel, "BackendSelect", with_keyset=True)
+    _KEEP_ALIVE.extend(libs.values())
+
+
+# ---- the debugging mode's handlers (strict / verify) -------------------------------------------
+
+
+def _non_blocking(args, kwargs) -> bool:
+    return args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+
+
 def _foreach_copy_(mode, op, args, kwargs):
-    dsts, srcs = args[0], args[1]
-    non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
-    engine.foreach_copy(dsts, srcs, non_blocking, stats=mode.stats, op=op,
+    engine.foreach_copy(args[0], args[1], _non_blocking(args, kwargs), stats=mode.stats, op=op,
                         strict=mode.strict, verify=mode.verify)
 
 
 def _foreach_copy(mode, op, args, kwargs):
     # Functional variant (what functionalization emits): stock's outputs keep each destination's
     # sizes and strides (contiguous where those overlap themselves, as clone does), and every
-    # element is overwritten, so an uninitialised allocation suffices.
-    dsts, srcs = args[0], args[1]
-    non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
-    outs = [_like(d) for d in dsts]
-    engine.foreach_copy(outs, srcs, non_blocking, stats=mode.stats, op=op,
+    # element is overwritten, so an uninitialised allocation suffices (csrc/intercept.cpp like()).
+    outs = [_like(d) for d in args[0]]
+    engine.foreach_copy(outs, args[1], _non_blocking(args, kwargs), stats=mode.stats, op=op,
                         strict=mode.strict, verify=mode.verify, bump=False)
     return outs
 
@@ -56,50 +149,7 @@ def _like(d: torch.Tensor) -> torch.Tensor:
 def _all_gather_copy_in(mode, op, args, kwargs):
     bound = list(args) + [kwargs[k] for k in _FSDP_SCHEMA[len(args):]]
     return engine.all_gather_copy_in(*bound, stats=mode.stats, op=op, strict=mode.strict, verify=mode.verify,
-                                   force_views=True)
-
-
-def _fsdp_op():
-    """``fsdp.all_gather_copy_in.default`` if this torch defines it with the schema we support."""
-    if not torch.distributed.is_available():
-        return None, "torch built without distributed"
-    importlib.import_module("torch.distributed.fsdp._fully_shard._fsdp_collectives")  # defines fsdp::
-
-    op = torch.ops.fsdp.all_gather_copy_in.default
-    names = tuple(a.name for a in op._schema.arguments)
-    if names != _FSDP_SCHEMA:
-        return op, f"unsupported fsdp::all_gather_copy_in schema {op._schema}"
-    return op, None
-
-
-# Filled on the first NpuFastCopyMode(): finding the FSDP op imports FSDP, which costs ~1 s, and
-# `import npu_dispatch` should not pay that.
-# id(op) -> (op, handler or None where the op only passes through, "namespace.name"). Keyed by
-# id: OpOverload hashes in Python (about 150 ns a lookup here), and every op of a block under the
-# mode passes this lookup. The entries hold the ops, so no id is reused while listed.
-_TABLE: dict = {}
-
-
-def _install_handlers() -> None:
-    if _TABLE:
-        return
-    from . import ops  # noqa: F401  registers npu_dispatch::
-
-    handlers = {
-        aten._foreach_copy_.default: _foreach_copy_,
-        aten._foreach_copy.default: _foreach_copy,
-        torch.ops.npu_dispatch.foreach_copy_.default: _foreach_copy_,
-        torch.ops.npu_dispatch.all_gather_copy_in.default: _all_gather_copy_in,
-    }
-    passthrough: dict = {}
-    fsdp, why = _fsdp_op()
-    if fsdp is not None and why is None:
-        handlers[fsdp] = _all_gather_copy_in
-    elif fsdp is not None:
-        log.warning("npu_dispatch: passing fsdp.all_gather_copy_in through to stock: %s", why)
-        passthrough[fsdp] = why
-    entries = {op: None for op in passthrough} | handlers
-    _TABLE.update({id(op): (op, h, f"{op.namespace}.{op._opname}") for op, h in entries.items()})
+                                     force_views=True)
 
 
 def _infra_mode_below(get=torch._C._get_dispatch_mode, proxy=torch._C._TorchDispatchModeKey.PROXY,
@@ -110,159 +160,17 @@ def _infra_mode_below(get=torch._C._get_dispatch_mode, proxy=torch._C._TorchDisp
     return get(proxy) is not None or get(fake) is not None or get(functional) is not None
 
 
-class _Front(TorchFunctionMode):
-    """NpuFastCopyMode's front: a Python call of ``torch._foreach_copy_`` (FSDP2 makes them) that
-    the fast lane takes is copied here, before the dispatcher boxes every tensor of both lists
-    for ``__torch_dispatch__`` (about 0.2 us a tensor, more than the lane's whole copy of a list
-    of tiny tensors). Anything else goes on to dispatch unchanged, and to the mode."""
+class _DebugMode(TorchDispatchMode):
+    """The Python dispatch mode ``strict`` / ``verify`` need (native library loaded). Every op of
+    the block crosses ``__torch_dispatch__`` (a few microseconds each: docs/benchmarks.md,
+    mode_overhead)."""
 
     def __init__(self, owner: "NpuFastCopyMode") -> None:
         super().__init__()
         self.owner = owner
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch._foreach_copy_ and self.owner._lane_copy(args, kwargs):
-            return args[0]  # as the binding returns its ``self`` list
-        return func(*args, **kwargs)
-
-
-class NpuFastCopyMode(TorchDispatchMode):
-    """Routes ``aten._foreach_copy_``, ``aten._foreach_copy`` and ``fsdp.all_gather_copy_in`` (and the
-    ``npu_dispatch::`` ops, as compiled code calls them) through the copy planner.
-
-    Results, errors and version-counter bumps are those of the stock ops without a mode.
-
-    Args:
-        strict: raise :class:`npu_dispatch.FastCopyFallbackError`, naming the reason, whenever a
-            call would leave the fast path (raised before anything is written).
-        verify: also run the stock op on clones of the destinations and raise
-            :class:`npu_dispatch.FastCopyMismatchError` on any bitwise difference (slow: a
-            debugging aid).
-        front: also catch Python calls of ``torch._foreach_copy_`` (FSDP2's own, lists or tuples)
-            before the dispatcher, with a ``TorchFunctionMode`` pushed with this mode: a list the
-            fast lane takes (plain contiguous CPU pairs, no grad, no overlap) is copied there
-            without the argument parsing of the stock binding that even the mode's native dispatch
-            route pays (about 0.1 us a tensor on the CI machine: 512 tiny tensors, stock 320 to
-            480 us, the route's floor 55 to 105 us). Anything else goes on to
-            dispatch unchanged, and so does every call while another torch function mode entered
-            before this one (``torch.set_default_device`` pushes one) or another dispatch mode is
-            active, or a compiler, tracer, profiler or forward AD is at work. Costs:
-            ``torch.compile`` guards on the torch-function mode stack, so a compiled function
-            called both inside and outside such a mode is compiled once for each; and every
-            other torch call in the block passes the front too (about 0.9 us each on this CPU).
-            Exit modes in the reverse order of entry (RuntimeError otherwise).
-
-    With the native library (and without ``verify``), a call of ``aten._foreach_copy_`` while this
-    mode is the only dispatch mode active is first offered to its dispatch route
-    (csrc/mode_route.h), a C++ kernel at the PythonTLSSnapshot key: where the fast lane takes the
-    lists whole (plain contiguous CPU pairs, no overlap, no tensor that requires grad while grad
-    mode is on) and nothing else would act on the call (no forward-AD level, JIT tracer, Python
-    dispatcher or functorch layer around it; no ``torch._C._DisableTorchDispatch``), it copies
-    them there, before the dispatcher boxes every tensor for ``__torch_dispatch__`` (about 0.2 us
-    a tensor), with stock's version bumps (none below ADInplaceOrView, as stock's); anything else
-    reaches the handler below unchanged. A mode entered with ``verify`` set gets no route (its comparison with stock
-    runs in the handler).
-
-    ``stats`` (:class:`npu_dispatch.CopyStats`) counts calls, tensors, bytes and device launches
-    per path and fallbacks by reason, the route's calls included; ``stats.report()`` renders them.
-    Tensor subclasses (DTensor ...) are handed back to their own ``__torch_dispatch__``; the
-    plain-tensor copies they issue come back to the mode. While an infra dispatch mode is set
-    below it (make_fx's proxy mode under ``tracing_mode="real"``, a ``FakeTensorMode``,
-    functionalization), every intercepted op goes on to stock unchanged (fallback reason
-    ``infra_mode``; ``strict`` does not raise for it, nor for the other hand-backs before planning,
-    ``subclass`` and ``schema``), so the trace records it; user modes entered before this one do
-    not see the ops it copies. ``ignore_compile_internals()`` is True, so ``torch.compile`` still
-    compiles while the mode is active (Dynamo skips frames under any other user mode).
-    """
-
-    def __init__(self, strict: bool = False, verify: bool = False, front: bool = False) -> None:
-        super().__init__()
-        _install_handlers()
-        self.strict = strict
-        self.verify = verify
-        self.front = front
-        self.stats = CopyStats()
-        self._fronts: list[_Front | None] = []
-        self._routes: list = []  # per entry: the native module whose route serves it, or None
-        self._route_source = None
-
-    def __enter__(self):
-        out = super().__enter__()
-        front = _Front(self) if self.front else None
-        if front is not None:
-            front.__enter__()
-        self._fronts.append(front)
-        try:
-            self._routes.append(self._enter_route())
-        except BaseException:
-            # Leave nothing pushed: a with-statement whose __enter__ raises never calls __exit__.
-            self._routes.append(None)
-            self.__exit__(None, None, None)
-            raise
-        return out
-
-    def _enter_route(self):
-        """Let the native dispatch route (csrc/mode_route.h) copy this mode's plain calls
-        before the dispatcher boxes them for ``__torch_dispatch__``. Not with ``verify``: its
-        comparison with stock runs in the handler."""
-        # planned_op() is None wherever the engine plans in Python (no compiler, or a test
-        # standing in for one): the route is part of the native library.
-        if self.verify or _native.planned_op() is None:
-            return None
-        module = _native.module()
-        if self._route_source is None:
-            ref = weakref.ref(self)
-
-            def drain(stats, ref=ref):
-                mode = ref()
-                if mode is not None:
-                    _native.fold_counters(stats, module.mode_route_drain(mode))
-
-            self._route_source = drain
-            self.stats.add_source(drain)
-        module.mode_route_enter(self)
-        return module
-
-    def __exit__(self, exc_type, exc_value, traceback):
-        front = self._fronts[-1]
-        if front is not None:
-            depth = torch._C._len_torch_function_stack()
-            if depth == 0 or torch._C._get_function_stack_at(depth - 1) is not front:
-                # Popping now would pop the other mode and leave this front behind; nothing is
-                # changed, so exiting the other mode first and then this one still works.
-                raise RuntimeError("NpuFastCopyMode(front=True) exited while a torch function mode entered "
-                                   "after it is still active: exit modes in the reverse order of entry")
-            front.__exit__(exc_type, exc_value, traceback)
-        self._fronts.pop()
-        route = self._routes.pop()
-        try:
-            return super().__exit__(exc_type, exc_value, traceback)
-        finally:
-            if route is not None:
-                _native.fold_counters(self.stats, route.mode_route_exit(self))
-
-    def _lane_copy(self, args, kwargs) -> bool:
-        """The front's check: this mode is the only mode (dispatch or torch function) that would
-        see the call, nothing records or differentiates it, and the fast lane (C++, its own checks:
-        plain contiguous CPU pairs, no grad, no overlap...) takes it whole. True when copied."""
-        if (self.verify or len(args) < 2 or type(args[0]) not in (list, tuple) or type(args[1]) not in (list, tuple)
-                or torch._C._autograd._profiler_enabled()  # the profiler records the op itself
-                or torch._C._len_torch_function_stack() != 0
-                or torch._C._len_torch_dispatch_stack() != 1 or _get_current_dispatch_mode() is not self
-                or engine.recorded() or engine.busy()):
-            return False
-        direct = _native.direct_op()
-        if direct is None:
-            return False
-        non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
-        start = time.perf_counter()
-        v = direct(args[0], args[1], bool(non_blocking), True)
-        if v is False:
-            return False
-        _, counts, reasons = decode_counts(v)
-        self.stats.record_counts("aten._foreach_copy_", counts, reasons, time.perf_counter() - start)
-        return True
+        self.stats = owner.stats
+        self.strict = owner.strict
+        self.verify = owner.verify
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -270,28 +178,123 @@ class NpuFastCopyMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         entry = _TABLE.get(id(func))
-        if entry is None:
-            return func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        if entry is None or engine.busy():
+            # Not owned, or a stock call issued by the engine of a mode nested inside this one.
+            return func(*args, **kwargs)
         _, handler, name = entry
         if handler is None:
             self.stats.record_passthrough(name, "schema")
-            return func(*args, **(kwargs or {}))
-        if engine.busy():
-            # A stock call issued by the engine of a mode nested inside this one.
-            return func(*args, **(kwargs or {}))
+            return func(*args, **kwargs)
         if torch._C._len_torch_dispatch_stack() and _infra_mode_below():
-            # make_fx's proxy mode (tracing_mode="real"), FakeTensorMode or functionalization
-            # sits below every user mode and must see the op itself: a native copy here would
-            # leave it out of a traced graph.
+            # make_fx's proxy mode (tracing_mode="real"), FakeTensorMode or functionalization sits
+            # below every user mode and must see the op itself to record it.
             self.stats.record_passthrough(name, "infra_mode")
-            return func(*args, **(kwargs or {}))
+            return func(*args, **kwargs)
         if types and any(t is not torch.Tensor for t in types):
+            self.stats.record_passthrough(name, "subclass")
             if all(t is torch.Tensor or is_traceable_wrapper_subclass_type(t) for t in types):
                 # A wrapper subclass (DTensor, TwoTensor...) unwraps itself; the plain-tensor
                 # copies it issues come back to this mode.
-                self.stats.record_passthrough(name, "subclass")
                 return NotImplemented
-            # FakeTensor and other non-wrapper subclasses: their own semantics, untouched.
-            self.stats.record_passthrough(name, "subclass")
-            return func(*args, **(kwargs or {}))
-        return handler(self, name, args, kwargs or {})
+            return func(*args, **kwargs)
+        return handler(self, name, args, kwargs)
+
+
+class NpuFastCopyMode:
+    """Serves ``aten._foreach_copy_``, ``aten._foreach_copy``, ``fsdp.all_gather_copy_in`` and the
+    ``npu_dispatch::`` ops with the library's planner inside a ``with`` block.
+
+    Results, errors and version-counter bumps are those of the stock ops without a mode, bit for
+    bit (NaN payloads and -0.0 included). Every other op costs what it costs with no mode: by
+    default nothing is put on the Python dispatch stack.
+
+    How: entering pushes a scope into ``c10::ThreadLocalDebugInfo`` (csrc/mode_scope.h), which
+    PyTorch carries to the threads it runs work on for this thread: the autograd engine's device
+    threads (FSDP2's backward hooks and their all-gathers), ``torch.jit.fork``/``at::launch``. The
+    library's C++ kernels at the BackendSelect key (csrc/intercept.h) read it; without it they
+    redispatch unchanged. Threads the block starts itself (``threading.Thread``) are not covered.
+    Calls are counted in ``stats`` of the mode whose scope the calling thread carries (the
+    innermost entered), whatever thread makes them.
+
+    Args:
+        strict: raise :class:`npu_dispatch.FastCopyFallbackError`, naming the reason, before any
+            call that would leave the fast path (nothing is written then).
+        verify: also run the stock op on copies of the destinations and raise
+            :class:`npu_dispatch.FastCopyMismatchError` on any bitwise difference.
+
+    ``strict`` and ``verify`` push a Python ``TorchDispatchMode``, so every op of the block crosses
+    Python (a few microseconds each). It hands ops to stock unchanged while an infra dispatch mode
+    is set below it (``infra_mode``) and lets tensor subclasses unwrap first (``subclass``); its
+    ``ignore_compile_internals()`` is True, so ``torch.compile`` still compiles inside it.
+
+    Without the native library (no compiler, a failed build: ``python -m npu_dispatch doctor``
+    says why) every owned op goes to stock, and the calls of the entering thread are counted with
+    reason ``no_native``; no Python mode is pushed, so other ops still pay nothing. ``strict``
+    then raises for every owned op, and ``verify`` has nothing to compare.
+
+    ``stats`` (:class:`npu_dispatch.CopyStats`) counts calls, pairs, bytes and device launches per
+    op and path, and fallbacks by reason; ``stats.report()`` renders them. Entries nest; exit in
+    the reverse order of entry, on the entering thread (``RuntimeError`` otherwise).
+    """
+
+    def __init__(self, strict: bool = False, verify: bool = False) -> None:
+        _install()
+        self.strict = bool(strict)
+        self.verify = bool(verify)
+        self.stats = CopyStats()
+        self._entries: list = []  # per entry: "scope", or the _DebugMode pushed
+        self._scope = None
+        self._native = _native.module()
+        if self._native is not None and not (self.strict or self.verify):
+            self._scope = self._native.scope_new(False)
+            self._attach(self._native)
+
+    def _attach(self, module) -> None:
+        scope = self._scope
+        weakref.finalize(self, module.scope_free, scope)
+
+        def drain(stats, module=module, scope=scope):
+            _native.fold_counters(stats, module.scope_drain(scope))
+
+        self.stats.add_source(drain)
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """True: compiling inside the block is never skipped (the default mode pushes no
+        dispatch mode at all; the debugging one declares itself compile-transparent)."""
+        return True
+
+    def __enter__(self) -> "NpuFastCopyMode":
+        if self._scope is not None:
+            self._native.scope_enter(self._scope)
+            self._entries.append("scope")
+        elif self._native is None:
+            # Nothing to plan or verify: stock runs every owned op (counted) and no Python mode
+            # is pushed.
+            if not hasattr(_local, "modes"):
+                _local.modes = []
+            _local.modes.append(self)
+            self._entries.append("counted")
+        else:
+            debug = _DebugMode(self)
+            debug.__enter__()
+            self._entries.append(debug)
+        return self
+
+    def __exit__(self, exc_type, exc_value, traceback):
+        if not self._entries:
+            raise RuntimeError("NpuFastCopyMode exited more often than it was entered")
+        entry = self._entries[-1]
+        if entry == "scope":
+            self._native.scope_exit(self._scope)
+        elif entry == "counted":
+            modes = getattr(_local, "modes", [])
+            if not modes or modes[-1] is not self:
+                raise RuntimeError("NpuFastCopyMode exited out of order: exit modes in the reverse order of entry, "
+                                   "on the thread that entered them")
+            modes.pop()
+        else:
+            entry.__exit__(exc_type, exc_value, traceback)
+        self._entries.pop()
+        return False

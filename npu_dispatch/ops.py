@@ -28,21 +28,20 @@ _lib.define(
 
 def _foreach_copy_kernel(self: list[torch.Tensor], src: list[torch.Tensor], non_blocking: bool = False) -> None:
     # The counters object itself: global_stats() would first drain the C++ kernels' counters.
-    engine.foreach_copy(self, src, non_blocking, stats=_stats._GLOBAL, op="npu_dispatch.foreach_copy_",
-                        bump=engine.stock_bumps(self))
+    engine.foreach_copy(self, src, non_blocking, stats=_stats._GLOBAL, op="npu_dispatch.foreach_copy_", bump=None)
 
 
 def _all_gather_copy_in_kernel(all_gather_inputs, all_gather_output, inp_split_sizes, all_gather_input_numel, rank):
     return engine.all_gather_copy_in(
         all_gather_inputs, all_gather_output, inp_split_sizes, all_gather_input_numel, rank,
-        stats=_stats._GLOBAL, op="npu_dispatch.all_gather_copy_in", bump=engine.stock_bumps([all_gather_output]),
+        stats=_stats._GLOBAL, op="npu_dispatch.all_gather_copy_in", bump=None,
     )
 
 
-# CompositeExplicitAutograd serves every backend (CPU, CUDA, PrivateUse1 = npu) with one kernel;
-# the planner picks per device inside. Once the native library loads, its C++ kernels take the
-# CPU, CUDA and PrivateUse1 keys (csrc/register.cpp); these stay for the rest (meta...) and for
-# machines without a compiler.
+# CompositeExplicitAutograd serves every backend with one kernel. Once the native library loads,
+# its C++ kernels take the CPU, CUDA and PrivateUse1 keys (csrc/register.cpp); these stay for the
+# rest (meta...), where they call the same C++ planner, and for machines without a compiler, where
+# they call the stock op (counted as ``no_native``).
 _lib.impl("foreach_copy_", _foreach_copy_kernel, "CompositeExplicitAutograd")
 _lib.impl("all_gather_copy_in", _all_gather_copy_in_kernel, "CompositeExplicitAutograd")
 
@@ -84,20 +83,6 @@ def _all_gather_copy_in_fake(all_gather_inputs, all_gather_output, inp_split_siz
     return all_gather_input, all_gather_output
 
 
-def _plain_call() -> bool:
-    """No mode and no compiler would see the op: the engine may be called without the dispatcher.
-
-    A ``torch.ops`` call boxes every tensor of the lists (a refcount round trip each); the engine's
-    native entry reads them as they are. Modes and compilers must keep seeing the op itself.
-    """
-    return (
-        torch._C._len_torch_dispatch_stack() == 0
-        and not torch._C._is_torch_function_mode_enabled()
-        and not engine.recorded()
-        and _native.planned_op() is not None
-    )
-
-
 def foreach_copy_(
     self: Sequence[torch.Tensor], src: Sequence[torch.Tensor], non_blocking: bool = False
 ) -> list[torch.Tensor]:
@@ -109,8 +94,8 @@ def foreach_copy_(
         non_blocking: passed to every copy that leaves the fast path, as stock does.
 
     Results, errors (type and message) and version-counter bumps are those of the stock op; see
-    ``npu_dispatch.plan`` for which pairs take the fast path. Counted in
-    ``npu_dispatch.stats.global_stats()`` unless an ``NpuFastCopyMode`` is active.
+    ``npu_dispatch.plan`` for which pairs take the fast path. Counted in the stats of the
+    ``NpuFastCopyMode`` entered, else in ``npu_dispatch.stats.global_stats()``.
 
     Returns:
         ``self`` as a list, as the Python binding of ``torch._foreach_copy_`` does.
@@ -135,11 +120,9 @@ def foreach_copy_(
         # copy_ calls it records, with the same result.
         torch._foreach_copy_(self, src, non_blocking=non_blocking)
         return self
-    if not (_plain_call() and engine.foreach_copy(
-        self, src, non_blocking, stats=_stats._GLOBAL, op="npu_dispatch.foreach_copy_", defer_if_grad=True,
-        bump=engine.stock_bumps(self),
-    )):
-        torch.ops.npu_dispatch.foreach_copy_.default(self, src, non_blocking)
+    # Everything else through the dispatcher: autograd, modes and compilers see the op, and its
+    # C++ kernel plans it (counted in the mode entered, if any).
+    torch.ops.npu_dispatch.foreach_copy_.default(self, src, non_blocking)
     return self
 
 
@@ -166,7 +149,5 @@ def all_gather_copy_in(
     Raises:
         RuntimeError / IndexError: as stock ``narrow`` / ``split`` / ``_foreach_copy_``.
     """
-    args = (list(all_gather_inputs), all_gather_output, list(inp_split_sizes), all_gather_input_numel, rank)
-    if _plain_call():
-        return _all_gather_copy_in_kernel(*args)
-    return torch.ops.npu_dispatch.all_gather_copy_in.default(*args)
+    return torch.ops.npu_dispatch.all_gather_copy_in.default(
+        list(all_gather_inputs), all_gather_output, list(inp_split_sizes), all_gather_input_numel, rank)

@@ -40,7 +40,7 @@ class CopyStats:
 
     def add_source(self, drain) -> None:
         """Register ``drain(stats)``, called before every read to fold in counts kept elsewhere
-        (NpuFastCopyMode's dispatch route counts in C++: csrc/mode_route.h)."""
+        (an NpuFastCopyMode's interception kernels count in C++: csrc/mode_scope.h)."""
         self._sources.append(drain)
 
     def _sync(self) -> None:

@@ -42,13 +42,6 @@ def lane_calls() -> int:
     return _native.info()["fast_lane_calls"]
 
 
-def route_calls() -> int:
-    """Calls NpuFastCopyMode's native dispatch route has copied (csrc/mode_route.h)."""
-    from npu_dispatch import _native
-
-    return _native.module().mode_route_calls()
-
-
 FLOATS = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 INTS = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
 OTHERS = [torch.bool, torch.complex64, torch.complex128]
@@ -249,27 +242,51 @@ def run(case: Case, fn) -> dict:
     }
 
 
-def mode_paths(make, *, front: bool = False, python: bool = False) -> tuple[dict, dict]:
-    """(paths, fallback reasons) of ``NpuFastCopyMode(front=front)``'s stats for one
-    ``torch._foreach_copy_(*make())``; ``python``: with the Python planner (the spec the C++ side
-    mirrors). A call that raises counts what it did before raising."""
-    from npu_dispatch import _native
+def mode_paths(make, *, direct: bool = False) -> tuple[dict, dict]:
+    """(paths, fallback reasons) of ``NpuFastCopyMode``'s stats for one
+    ``torch._foreach_copy_(*make())`` (``direct``: ``npu_dispatch.foreach_copy_``, whose fast lane
+    is sharded across threads for long lists). A call that raises counts what it did before
+    raising."""
+    mode = nd.NpuFastCopyMode()
+    with mode:
+        dsts, srcs = make()
+        try:
+            (nd.foreach_copy_ if direct else torch._foreach_copy_)(dsts, srcs)
+        except RuntimeError:
+            pass
+    s = mode.stats.as_dict()
+    return s["paths"], s["fallback_reasons"]
 
-    planned = _native.planned_op
-    if python:
-        _native.planned_op = lambda: None
-    try:
-        mode = nd.NpuFastCopyMode(front=front)
-        with mode:
-            dsts, srcs = make()
-            try:
-                torch._foreach_copy_(dsts, srcs)
-            except RuntimeError:
-                pass
-        s = mode.stats.as_dict()
-        return s["paths"], s["fallback_reasons"]
-    finally:
-        _native.planned_op = planned
+
+def plan_paths(make) -> tuple[dict, dict]:
+    """What the full planner's plan (``explain``, no fast lane) would count for
+    ``torch._foreach_copy_(*make())``, in ``mode_paths``' layout."""
+    from npu_dispatch.stats import PATHS
+
+    dsts, srcs = make()
+    p = nd.explain(dsts, srcs)
+    nbytes = lambda idx: sum(dsts[i].numel() * dsts[i].element_size() for i in idx)  # noqa: E731
+    used = {}
+    reasons = {}
+    for i in p.fallback:
+        reasons[p.reasons[i][0]] = reasons.get(p.reasons[i][0], 0) + 1
+    if p.stock_reason is not None:
+        reasons[p.stock_reason[0]] = reasons.get(p.stock_reason[0], 0) + 1
+        used["stock"] = (p.n, nbytes(range(p.n)), p.n)
+    else:
+        if p.runs:
+            used["coalesced"] = (sum(len(r.indices) for r in p.runs),
+                                 sum(r.numel * dsts[r.indices[0]].element_size() for r in p.runs), len(p.runs))
+        if p.groups:
+            idx = [i for g in p.groups for i in g.indices]
+            used["foreach"] = (len(idx), nbytes(idx), sum(g.launches for g in p.groups))
+        if p.fallback:
+            used["fallback"] = (len(p.fallback), nbytes(p.fallback), p.fallback_launches)
+        if p.empty:
+            used["empty"] = (len(p.empty), 0, 0)
+    paths = {k: {"calls": int(k in used), "tensors": used.get(k, (0, 0, 0))[0], "bytes": used.get(k, (0, 0, 0))[1],
+                 "launches": used.get(k, (0, 0, 0))[2]} for k in PATHS}
+    return paths, reasons
 
 
 def assert_stock_error(make, entry, text: str) -> None:

@@ -6,25 +6,37 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "examples", "fsdp_train.py")
 
 
-@pytest.mark.parametrize("front", [False, True], ids=["mode", "mode_front"])
-def test_fsdp2_training_is_bitwise_equal_and_takes_the_fast_path(front):
-    proc = subprocess.run(
-        [sys.executable, EXAMPLE, "--steps", "3", "--world-size", "2", "--json"] + (["--front"] if front else []),
-        capture_output=True, text=True, timeout=600,
-    )
+def _run(*args):
+    return subprocess.run([sys.executable, EXAMPLE, *args], capture_output=True, text=True, timeout=600)
+
+
+def test_fsdp2_training_is_bitwise_equal_after_every_step_and_takes_the_fast_path():
+    proc = _run("--steps", "3", "--world-size", "2", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["steps"] == 3 and result["world_size"] == 2
     assert len(result["losses_stock"]) == 3
-    assert result["losses_stock"] == result["losses_fast"]
-    assert result["bitwise_equal"] is True
+    assert result["losses_stock"] == result["losses_fast"] and result["bitwise_equal"] is True
+    assert result["grads_equal_every_step"] is True and result["params_equal_every_step"] is True
     by_op = result["fast_path_calls_by_op"]
     assert by_op["aten._foreach_copy_"] > 0 and by_op["fsdp.all_gather_copy_in"] > 0
     assert result["fallback_calls"] == 0
     # FSDP's copy-in of adjacent bf16 splits is one flat copy per all-gather.
     assert result["paths"]["coalesced"]["calls"] == by_op["fsdp.all_gather_copy_in"]
+    assert result["step_seconds_stock"] > 0 and result["step_seconds_fast"] > 0
+    assert abs(result["step_speedup"] - result["step_seconds_stock"] / result["step_seconds_fast"]) < 1e-9
+    assert set(result["copy_ms_stock"]) == set(result["copy_ms_fast"]) == {"aten::_foreach_copy_",
+                                                                           "fsdp::all_gather_copy_in"}
+    assert all(v > 0 for v in result["copy_ms_stock"].values())
+
+
+def test_the_command_line_refuses_what_it_cannot_run():
+    for args, text in ((["--world-size", "0"], "--world-size: must be at least 1"),
+                       (["--steps", "0"], "--steps: must be at least 1"),
+                       (["--steps", "x"], "is not a whole number"),
+                       (["--device", "tpu"], "invalid choice")):
+        proc = _run(*args)
+        assert proc.returncode == 2 and text in proc.stderr, (args, proc.stderr[-500:])

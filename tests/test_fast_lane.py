@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import npu_dispatch as nd
 from npu_dispatch import _native
 from cases import (STOCK_EITHER, Case, Pair, assert_same, assert_stock_error, bits, build, direct_copy, lane_calls,
-                   lane_cases, mode_copy, mode_paths, op_copy, run, stock_copy, storage_bytes)
+                   lane_cases, mode_copy, mode_paths, op_copy, plan_paths, run, stock_copy, storage_bytes)
 
 if not _native.available():
     if os.environ.get("NPU_DISPATCH_REQUIRE_NATIVE") == "1":
@@ -142,19 +142,6 @@ def test_a_refused_call_writes_nothing(c):
     assert [d._version for d in dsts] == versions
 
 
-def _planner_counts(monkeypatch, make):
-    stats = {}
-    for name, lane in (("lane", True), ("planner", False)):
-        if not lane:
-            # The Python planner is the spec the C++ planner mirrors (tests/test_native.py).
-            monkeypatch.setattr(_native, "planned_op", lambda: None)
-        mode = nd.NpuFastCopyMode()
-        with mode:
-            torch._foreach_copy_(*make())
-        stats[name] = mode.stats.as_dict()
-    return stats["lane"], stats["planner"]
-
-
 @pytest.mark.parametrize("make", [
     lambda: ([torch.zeros(4), torch.zeros(5)], [torch.ones(4), torch.ones(5)]),
     lambda: (list(torch.zeros(12, dtype=bf16).split([4, 0, 8])) + [torch.zeros(3)],
@@ -162,12 +149,11 @@ def _planner_counts(monkeypatch, make):
     lambda: ([torch.zeros(2), torch.zeros(3, dtype=i32), torch.zeros(4)],
              [torch.ones(2), torch.ones(3, dtype=i32), torch.ones(4)]),
 ], ids=["singles", "runs_empties_and_a_cast", "two_groups"])
-def test_lane_counts_what_the_planner_counts(monkeypatch, make):
+def test_lane_counts_what_the_planner_counts(make):
     before = lane_calls()
-    lane, planner = _planner_counts(monkeypatch, make)
+    lane = mode_paths(make)
     assert lane_calls() == before + 1
-    assert lane["paths"] == planner["paths"]
-    assert lane["fallback_reasons"] == planner["fallback_reasons"] == {}
+    assert lane == plan_paths(make) and lane[1] == {}
 
 
 _WARN_ONCE_SCRIPT = """
@@ -374,12 +360,6 @@ def test_zero_dim_nan_casts_follow_stock_whatever_came_before(before):
                 assert torch.equal(bits(a), b), entry.__name__
 
 
-def test_touch_pairs_refuses_tensors_without_storage():
-    touch = _native.module().touch_pairs
-    with pytest.raises(TypeError, match="strided"):
-        touch([torch.zeros(2).to_sparse()], [torch.zeros(2)])
-
-
 def test_lists_emptied_by_another_thread_during_the_copy():
     # Above 2 MB the copy runs without the GIL; another thread empties the lists meanwhile. The
     # call must keep its tensors alive until it has bumped their versions: tensors made right
@@ -426,9 +406,9 @@ def test_large_lists_take_the_lane_and_match_stock(sdt, ddt, adjacent):
 
 @settings(max_examples=60, deadline=None)
 @given(lane_cases())
-def test_lane_counts_match_the_python_planner(c):
+def test_lane_counts_match_the_full_planner(c):
     make = lambda: build(c)[:2]
-    assert mode_paths(make) == mode_paths(make, python=True)
+    assert mode_paths(make) == plan_paths(make)
 
 
 def test_inference_destination_below_ad_inplace_or_view_raises_nothing_as_stock():

@@ -190,23 +190,6 @@ def test_strict_raises_naming_the_reason_before_writing():
         torch._foreach_copy_([torch.zeros(3)], [torch.ones(3)])
 
 
-def test_verify_raises_on_a_bitwise_difference(monkeypatch):
-    from npu_dispatch import _native, engine
-
-    monkeypatch.setattr(_native, "planned_op", lambda: None)  # the Python executor, patched below
-    real = engine._execute
-
-    def corrupt(p, dsts, srcs, nb, *rest):
-        counts = real(p, dsts, srcs, nb, *rest)
-        dsts[0].view(torch.int32)[0] ^= 1
-        return counts
-
-    monkeypatch.setattr(engine, "_execute", corrupt)
-    with pytest.raises(nd.FastCopyMismatchError, match=r"dst\[0\]"):
-        with nd.NpuFastCopyMode(verify=True):
-            torch._foreach_copy_([torch.zeros(3)], [torch.ones(3)])
-
-
 def test_subclass_inner_copy_reaches_fast_path():
     a = TwoTensor(torch.zeros(6), torch.zeros(6))
     b = TwoTensor(torch.arange(6.0), torch.arange(6.0) * 2)
@@ -214,8 +197,8 @@ def test_subclass_inner_copy_reaches_fast_path():
     with mode:
         torch._foreach_copy_([a], [b])
     assert torch.equal(a.a, torch.arange(6.0)) and torch.equal(a.b, torch.arange(6.0) * 2)
-    assert mode.stats.fallback_reasons["subclass"] == 1
-    assert mode.stats.fast_calls["aten._foreach_copy_"] >= 1
+    # The wrapper unwraps itself above BackendSelect; its plain copies take the fast path.
+    assert mode.stats.fast_calls["aten._foreach_copy_"] >= 1 and not mode.stats.fallback_reasons
 
 
 def test_other_ops_pass_through_and_nesting_counts_once():
@@ -288,8 +271,8 @@ def _traced_copy_in(inputs, out):
 
 @pytest.mark.parametrize("op", ["foreach_copy_", "all_gather_copy_in"])
 def test_make_fx_real_under_the_mode_records_the_op(op):
-    # make_fx's proxy mode is an infra mode, below every user mode: the mode must let the op
-    # reach it, or the graph would lose the copy.
+    # make_fx's proxy mode acts at the Python key, before the mode's kernels at BackendSelect: the
+    # graph keeps the copy.
     from torch.fx.experimental.proxy_tensor import make_fx
 
     if op == "foreach_copy_":
@@ -305,7 +288,8 @@ def test_make_fx_real_under_the_mode_records_the_op(op):
     targets = [n.target for n in graph.graph.nodes if n.op == "call_function"]
     assert targets == [n.target for n in stock_graph.graph.nodes if n.op == "call_function"]
     assert target in targets
-    assert mode.stats.fallback_reasons["infra_mode"] == 1
+    # The proxy mode records the op, then runs it on the real tensors: that run is served.
+    assert mode.stats.fast_path_calls == 1 and not mode.stats.fallback_reasons
     # The traced graph, run later without the mode, copies as stock.
     torch.manual_seed(0)
     args = make_args()
@@ -320,7 +304,7 @@ def test_make_fx_real_under_the_mode_records_the_op(op):
 @pytest.mark.parametrize("infra", ["functional", "fake"])
 def test_plain_tensors_under_an_infra_mode_meet_stock(infra):
     # Plain tensors while functionalization or a FakeTensorMode is set: stock copies (functional)
-    # or raises (fake, real inputs); the mode hands the op on to that infra mode, as stock does.
+    # or raises (fake, real inputs); the infra mode acts before the mode's kernels, as without them.
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch._subclasses.functional_tensor import FunctionalTensorMode
 
@@ -341,7 +325,7 @@ def test_plain_tensors_under_an_infra_mode_meet_stock(infra):
     ours_d, ours_err = attempt(mode)
     assert ours_err == stock_err and (stock_err is None) == (infra == "functional")
     assert all(torch.equal(bits(a), bits(b)) for a, b in zip(stock_d, ours_d))
-    assert mode.stats.fallback_reasons["infra_mode"] == 1
+    assert not mode.stats.fallback_reasons
 
 
 def test_under_another_mode_results_still_match():

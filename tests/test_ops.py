@@ -27,7 +27,7 @@ leads = {{"strided_f32_u8": Pair((2,), f32, torch.uint8, "strided", "contiguous"
           "f32_i32": Pair((3,), f32, torch.int32, "contiguous", "contiguous")}}
 
 def mode(d, s):
-    with nd.NpuFastCopyMode(verify={entry!r} == "verify", front={entry!r} == "front"):
+    with nd.NpuFastCopyMode(verify={entry!r} == "verify"):
         return torch._foreach_copy_(d, s)
 
 def op(d, s):  # the registered op returns nothing; stock's call returns its destinations
@@ -48,13 +48,13 @@ _STOCK_AFTER = {"strided_f32_u8": "0xffff", "f32_bf16": "0xffff", "f32_i32": "0x
 
 
 @pytest.mark.parametrize("native", ["1", "0"])
-@pytest.mark.parametrize("entry", ["direct", "op", "mode", "verify", "front"])
+@pytest.mark.parametrize("entry", ["direct", "op", "mode", "verify"])
 def test_a_zero_dim_nan_cast_after_another_pair_matches_stock(native, entry):
     # Stock's bits for a 0-dim fp32 -> bf16 NaN follow stale stack memory (cases.STOCK_EITHER), but
     # in a fresh process, after a given pair of the same call, they repeat: 0xffff after a strided
     # NaN fp32 -> uint8 pair or an fp32 -> bf16 one, 0x7fc0 after an fp32 -> int32 one. Stock's
-    # loop issued above ADInplaceOrView, as stock issues it, reproduces them: the native
-    # library's, and the direct op's without it. Stock and ours run in one fresh process per entry.
+    # loop issued above ADInplaceOrView, as stock issues it, reproduces them; without the native
+    # library every entry is stock's op. Stock and ours run in one fresh process per entry.
     import os
     import subprocess
     import sys
@@ -66,12 +66,7 @@ def test_a_zero_dim_nan_cast_after_another_pair_matches_stock(native, entry):
     seen = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines()}
     assert {k: v[0] for k, v in seen.items()} == _STOCK_AFTER
     ours = {k: v[1] for k, v in seen.items()}
-    if native == "0" and entry in ("mode", "verify", "front"):
-        # Known difference: without the native library the mode's handler issues that loop below
-        # ADInplaceOrView (engine._stock), where the 0-dim pair writes 0x7fc0 after every lead.
-        assert ours == dict.fromkeys(_STOCK_AFTER, "0x7fc0")
-    else:
-        assert ours == _STOCK_AFTER
+    assert ours == _STOCK_AFTER
 
 
 _STALE_STRIDES_SCRIPT = """
@@ -202,30 +197,19 @@ def test_autograd_behaves_as_stock(call):
     assert outcomes[1][:2] == outcomes[0][:2] and outcomes[0][0] is True
 
 
-def test_python_path_gives_a_lazy_bit_destination_stocks_error_before_the_list_checks(monkeypatch):
-    from npu_dispatch import _native, engine
-    from npu_dispatch.stats import CopyStats
+def test_a_lazy_bit_destination_gets_stocks_error_before_the_list_checks():
+    from cases import direct_copy, mode_copy, op_copy
 
-    monkeypatch.setattr(_native, "planned_op", lambda: None)  # as without a compiler
     d = [torch.zeros(2, dtype=torch.complex64), torch.zeros(2, dtype=torch.complex64).conj()]
     s = [torch.ones(2, dtype=torch.complex64)]
     with pytest.raises(RuntimeError) as want:
         torch._foreach_copy_(d, s)
-    with pytest.raises(RuntimeError) as got:
-        engine.foreach_copy(d, s, stats=CopyStats())
-    assert str(got.value) == str(want.value) and "conjugate" in str(got.value)
-
-
-def _python_planner_copy(dsts, srcs):
-    from npu_dispatch import _native, engine
-    from npu_dispatch.stats import CopyStats
-
-    planned = _native.planned_op
-    _native.planned_op = lambda: None  # as without a compiler: plan.py and the Python engine
-    try:
-        engine.foreach_copy(dsts, srcs, stats=CopyStats(), bump=engine.stock_bumps(dsts))
-    finally:
-        _native.planned_op = planned
+    assert "conjugate" in str(want.value)
+    for entry in (direct_copy, op_copy, mode_copy):
+        with pytest.raises(RuntimeError) as got:
+            entry(d, s)
+        # The direct entries raise it from the dispatcher for their own op, which it names.
+        assert str(got.value).replace("npu_dispatch::foreach_copy_", "aten::_foreach_copy_") == str(want.value)
 
 
 def _empty_destination_lists(where: str, n: int):
@@ -251,14 +235,14 @@ def _empty_destination_lists(where: str, n: int):
 @pytest.mark.parametrize("n", [4, 150], ids=["short", "sharded"])
 @pytest.mark.parametrize("where", ["flagged", "same_data", "other_offset", "broadcast_src", "copy_on_write",
                                    "copy_on_write_after_a_raise"])
-@pytest.mark.parametrize("entry", ["direct", "op", "mode", "python_planner"])
+@pytest.mark.parametrize("entry", ["direct", "op", "mode"])
 def test_an_empty_destination_whose_pointer_stock_asks_for_is_stocks(entry, where, n):
     # Stock's copy_ asks for an empty destination's mutable pointer too (TensorIterator, after
     # copy_impl's early return for the same data): a flagged storage raises there, after the
     # pairs before it are written; a copy-on-write one is materialized.
     from cases import direct_copy, mode_copy, op_copy, stock_copy
 
-    fn = {"direct": direct_copy, "op": op_copy, "mode": mode_copy, "python_planner": _python_planner_copy}[entry]
+    fn = {"direct": direct_copy, "op": op_copy, "mode": mode_copy}[entry]
     seen = []
     for copy in (stock_copy, fn):
         d, s, empty = _empty_destination_lists(where, n)

@@ -4,7 +4,7 @@ Its contract is the fast lane's over the whole list, so each test holds it to st
 versions, errors) and to what one lane would have done (the same calls refused, the same counts,
 the same error for the same pair). Lists here are past its 96-pair threshold and run with two
 threads; share boundaries fall at n * t / threads. The direct entry (``npu_dispatch.foreach_copy_``,
-``NpuFastCopyMode(front=True)``) takes the sharded lane; the op and the plain mode, below the
+also inside ``NpuFastCopyMode``) takes the sharded lane; the op and the mode's kernels, below the
 dispatcher, take one thread's lane, and are held to stock on the same lists.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from hypothesis import given, settings
 
 import npu_dispatch as nd
 from npu_dispatch import _native
-from cases import (assert_same, assert_stock_error, build, direct_copy, lane_calls, lane_cases, mode_copy, mode_paths,
+from cases import (assert_same, assert_stock_error, build, direct_copy, lane_calls, lane_cases, mode_copy, mode_paths, plan_paths,
                    op_copy, run, stock_copy, storage_bytes)
 
 if not _native.available():
@@ -56,10 +56,10 @@ def test_long_lists_match_stock_through_every_entry(c):
 
 @settings(max_examples=40, deadline=None)
 @given(lane_cases(min_len=96, max_len=240))
-def test_long_lists_count_what_the_python_planner_counts(c):
-    # The front hands plain lists to the direct entry: the sharded lane, where it takes them.
+def test_long_lists_count_what_the_full_planner_counts(c):
+    # The direct entry takes the sharded lane, where it takes them.
     make = lambda: build(c)[:2]
-    assert mode_paths(make, front=True) == mode_paths(make, python=True)
+    assert mode_paths(make, direct=True) == plan_paths(make)
 
 
 def separate(n=N, numel=lambda i: 8 + i % 5, sdt=f32, ddt=f32):
@@ -112,11 +112,11 @@ def test_boundary_runs_count_and_copy_as_one_lane(name):
     want = [torch.empty_like(d) for d in dsts]
     torch._foreach_copy_(want, srcs)
     before = sharded_calls()
-    # The front hands the lists to the direct entry (the sharded lane) and counts in the mode.
-    got = mode_paths(lambda: (dsts, srcs), front=True)
+    # The direct entry (the sharded lane) counts in the mode it is called in.
+    got = mode_paths(lambda: (dsts, srcs), direct=True)
     assert sharded_calls() == before + 1
     assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(want, dsts) if a.numel())
-    assert got == mode_paths(make, python=True)
+    assert got == plan_paths(make)
 
 
 def test_one_thread_takes_the_one_lane():

@@ -1,0 +1,157 @@
+#include "intercept.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
+#include <ATen/MemoryOverlap.h>
+#include <torch/library.h>
+
+#include <mutex>
+#include <set>
+#include <tuple>
+#include <vector>
+
+#include "copy_call.h"
+#include "execute.h"
+#include "mode_scope.h"
+#include "plan.h"
+
+namespace npu_dispatch {
+namespace {
+
+const c10::DispatchKeySet kAfterBackendSelect(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::BackendSelect);
+
+// The one question every interception kernel asks: the scope to serve this call in, or nullptr
+// when the call goes on below unchanged (no mode entered, the planner's own stock call, or
+// tensors of a FakeTensor's execution, which are meta).
+ModeScope* serving(const at::Tensor* first) {
+  ModeScope* s = active_scope();
+  if (s == nullptr || inside_planner() || (first != nullptr && first->is_meta())) return nullptr;
+  return s;
+}
+
+void foreach_copy_(c10::DispatchKeySet ks, at::TensorList self, at::TensorList src, bool non_blocking) {
+  ModeScope* s = serving(self.empty() ? nullptr : &self[0]);
+  if (s == nullptr) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("aten::_foreach_copy_", "")
+                               .typed<void(at::TensorList, at::TensorList, bool)>();
+    op.redispatch(ks & kAfterBackendSelect, self, src, non_blocking);
+    return;
+  }
+  if (s->probe) return;
+  const int64_t t0 = now_ns();
+  const auto counts = plan_and_run(self, src, non_blocking, false, stock_bumps(self));
+  s->stats->record(kOpAtenForeachCopy, counts, now_ns() - t0);
+}
+
+// Stock's functional variant clones each destination (contiguous where it overlaps itself) and
+// copies into the clones; every element is overwritten, so an uninitialised allocation suffices.
+at::Tensor like(const at::Tensor& d) {
+  if (d.is_contiguous() || at::has_internal_overlap(d) != at::MemOverlap::Yes) {
+    return at::empty_strided(d.sizes(), d.strides(), d.options());
+  }
+  return at::empty(d.sizes(), d.options());
+}
+
+std::vector<at::Tensor> foreach_copy(c10::DispatchKeySet ks, at::TensorList self, at::TensorList src,
+                                     bool non_blocking) {
+  ModeScope* s = serving(self.empty() ? nullptr : &self[0]);
+  if (s == nullptr || s->probe) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("aten::_foreach_copy", "")
+                               .typed<std::vector<at::Tensor>(at::TensorList, at::TensorList, bool)>();
+    return op.redispatch(ks & kAfterBackendSelect, self, src, non_blocking);
+  }
+  const int64_t t0 = now_ns();
+  check_lists(self, src);  // before allocating, as stock
+  std::vector<at::Tensor> outs;
+  outs.reserve(self.size());
+  for (const auto& d : self) outs.push_back(like(d));
+  const auto counts = plan_and_run(outs, src, non_blocking, false, /*bump=*/false);
+  s->stats->record(kOpAtenForeachCopyFunctional, counts, now_ns() - t0);
+  return outs;
+}
+
+using CopyInFn = std::tuple<at::Tensor, at::Tensor>(at::TensorList, const at::Tensor&, c10::SymIntArrayRef,
+                                                    c10::SymInt, c10::SymInt);
+
+std::tuple<at::Tensor, at::Tensor> fsdp_all_gather_copy_in(c10::DispatchKeySet ks, at::TensorList inputs,
+                                                           const at::Tensor& out, c10::SymIntArrayRef sizes,
+                                                           c10::SymInt numel, c10::SymInt rank) {
+  ModeScope* s = serving(&out);
+  const auto concrete_sizes = c10::asIntArrayRefSlowOpt(sizes);
+  const auto concrete_numel = numel.maybe_as_int();
+  const auto concrete_rank = rank.maybe_as_int();
+  if (s == nullptr || s->probe || !concrete_sizes || !concrete_numel || !concrete_rank) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("fsdp::all_gather_copy_in", "")
+                               .typed<CopyInFn>();
+    return op.redispatch(ks & kAfterBackendSelect, inputs, out, sizes, std::move(numel), std::move(rank));
+  }
+  const int64_t t0 = now_ns();
+  std::vector<int64_t> counts;
+  auto result = all_gather_copy_in(inputs, out, *concrete_sizes, *concrete_numel, *concrete_rank, &counts);
+  s->stats->record(kOpFsdpAllGatherCopyIn, counts, now_ns() - t0);
+  return result;
+}
+
+// Which counted op a passthrough op's calls go under.
+CountedOp counted_as(const c10::OperatorName& name) {
+  if (name.name == "aten::_foreach_copy_") return kOpAtenForeachCopy;
+  if (name.name == "aten::_foreach_copy") return kOpAtenForeachCopyFunctional;
+  return kOpFsdpAllGatherCopyIn;
+}
+
+void passthrough(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  if (ModeScope* s = serving(nullptr)) {
+    // One whole call to stock, its first list's length as its pairs.
+    const size_t nargs = op.schema().arguments().size();
+    const auto& first = (*stack)[stack->size() - nargs];
+    const int64_t pairs = first.isTensorList() ? static_cast<int64_t>(first.toTensorList().size()) : 1;
+    std::vector<int64_t> v(kCountsLen, 0);
+    v[0] = kExecuted;
+    v[path_slot(kStock, 0)] = pairs;
+    v[path_slot(kStock, 2)] = pairs;
+    v[reason_slot(Kind::Schema)] = 1;
+    s->stats->record(counted_as(op.operator_name()), v, 0);
+  }
+  op.redispatchBoxed(ks & kAfterBackendSelect, stack);
+}
+
+// Never destroyed: the registrations last the process.
+torch::Library* library(const char* ns) {
+  return new torch::Library(torch::Library::IMPL, ns, c10::DispatchKey::BackendSelect, __FILE__, __LINE__);
+}
+
+}  // namespace
+
+void install_aten_interception() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    auto* lib = library("aten");
+    lib->impl("_foreach_copy_", TORCH_FN(foreach_copy_));
+    lib->impl("_foreach_copy", TORCH_FN(foreach_copy));
+  });
+}
+
+void install_fsdp_interception() {
+  static std::once_flag once;
+  std::call_once(once, [] { library("fsdp")->impl("all_gather_copy_in", TORCH_FN(fsdp_all_gather_copy_in)); });
+}
+
+void install_passthrough(const std::string& op_name, const std::string& overload) {
+  static std::mutex m;
+  static std::set<std::string> done;
+  std::lock_guard<std::mutex> g(m);
+  const std::string key = op_name + "." + overload;
+  if (!done.insert(key).second) return;
+  const auto pos = op_name.find("::");
+  TORCH_CHECK(pos != std::string::npos, "npu_dispatch: op name without a namespace: ", op_name);
+  auto* lib = new torch::Library(torch::Library::IMPL, op_name.substr(0, pos), c10::DispatchKey::BackendSelect,
+                                 __FILE__, __LINE__);
+  const std::string name = overload.empty() ? op_name.substr(pos + 2) : op_name.substr(pos + 2) + "." + overload;
+  lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&passthrough>());
+}
+
+}  // namespace npu_dispatch

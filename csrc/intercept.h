@@ -1,0 +1,25 @@
+// NpuFastCopyMode's interception: C++ kernels at the BackendSelect dispatch key for the stock ops
+// the mode owns (aten::_foreach_copy_, aten::_foreach_copy, fsdp::all_gather_copy_in). A call
+// reaches BackendSelect after everything above it has acted (autograd and version counters,
+// functionalization, the Python key: tensor subclasses, fake and proxy modes), so these kernels
+// see plain tensors only. Inside an entered mode (mode_scope.h) and outside the planner's own
+// stock calls, they run the one planner (copy_call.h); anything else, and every call outside a
+// mode, is redispatched below BackendSelect unchanged: op-plugin's PrivateUse1 kernel, CUDA's,
+// ATen's, FSDP's Python kernel. Ops not listed here never meet this library.
+#pragma once
+
+#include <string>
+
+namespace npu_dispatch {
+
+// Registers the aten kernels (once per process; the registration lasts the process, and a
+// kernel with no mode entered only redispatches).
+void install_aten_interception();
+// Registers the fsdp::all_gather_copy_in kernel: call only once the op exists with the schema this
+// library serves (npu_dispatch/mode.py checks it).
+void install_fsdp_interception();
+// For an owned op whose installed schema is not the one this library serves: a boxed kernel
+// that counts each call inside a mode (reason "schema") and redispatches it unchanged.
+void install_passthrough(const std::string& op_name, const std::string& overload);
+
+}  // namespace npu_dispatch

@@ -1,0 +1,48 @@
+// An entered NpuFastCopyMode as C++ sees it: a scope carried in c10::ThreadLocalDebugInfo, which
+// at::ThreadLocalState copies to the threads PyTorch runs work on for the entering thread (the
+// autograd engine's device threads, at::launch), so FSDP2's backward hooks see it too. Only the
+// owned ops' kernels ever read it (intercept.h): every other op pays nothing.
+#pragma once
+
+#include <c10/util/ThreadLocalDebugInfo.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "native_stats.h"
+
+namespace npu_dispatch {
+
+struct ModeScope final : c10::DebugInfoBase {
+  std::shared_ptr<OpStats> stats = std::make_shared<OpStats>();
+  // The benchmark's floor (npu_dispatch/bench, NullRoute): the interception kernel takes every
+  // call it would serve and does nothing, so what reaching it costs can be timed.
+  bool probe = false;
+};
+
+// The innermost scope the calling thread runs under, or nullptr (no mode entered).
+ModeScope* active_scope();
+
+// Scopes by id, one per NpuFastCopyMode object (Python holds the id).
+int64_t scope_new(bool probe);
+void scope_free(int64_t id);
+// Push / pop on the calling thread. Exits must mirror entries (RuntimeError otherwise); the
+// thread's debug info is restored to what it was at entry (a profiler started inside the block
+// pushes its own entry on top, so popping by kind would not be LIFO).
+void scope_enter(int64_t id);
+void scope_exit(int64_t id);
+// The scope's counters since the last drain (native_stats.h layout); empty for an unknown id.
+std::vector<int64_t> scope_drain(int64_t id);
+
+// Counts one executed call: in the active scope's counters, else the direct ops' counters.
+void record_call(CountedOp op, const std::vector<int64_t>& counts, int64_t nanoseconds);
+
+inline int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace npu_dispatch
