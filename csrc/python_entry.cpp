@@ -5,6 +5,7 @@
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <torch/csrc/Dtype.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -14,6 +15,10 @@
 
 #include "borrowed.h"
 #include "capability_table.h"
+#include "cpu_copy_kernel.h"
+#include "fast_lane.h"
+#include "sharded_lane.h"
+#include "stream_copy.h"
 #include "copy_call.h"
 #include "lane_call.h"
 #include "intercept.h"
@@ -22,6 +27,9 @@
 #include "native_stats.h"
 
 namespace {
+
+// Bumped whenever this module's functions or the count layouts change (_native.py checks it).
+constexpr int64_t kAbiVersion = 9;
 
 // Strong references to the list items for the whole call: another thread may mutate the lists
 // while the GIL is released.
@@ -211,6 +219,14 @@ bool arity(Py_ssize_t nargs, Py_ssize_t lo, Py_ssize_t hi, const char* usage) {
   return false;
 }
 
+// The items of an exact list or tuple (empty for anything else).
+std::vector<PyObject*> py_items(PyObject* seq) {
+  PyObject** items;
+  Py_ssize_t n;
+  if (!seq_items(seq, &items, &n)) return {};
+  return std::vector<PyObject*>(items, items + n);
+}
+
 PyObject* to_tuple_or_none(const std::vector<int64_t>& v) {
   if (v.empty()) Py_RETURN_NONE;
   return to_tuple(v);
@@ -282,6 +298,63 @@ PyObject* install_passthrough(PyObject* /*self*/, PyObject* const* args, Py_ssiz
   END_HANDLE_TH_ERRORS
 }
 
+// info() -> tuple: ABI version, then the kernel's counters, fast / sharded lane calls, and the
+// bytes moved from which a pass streams (npu_dispatch/_native.py info()).
+PyObject* info(PyObject* /*self*/, PyObject* const* /*args*/, Py_ssize_t /*nargs*/) {
+  HANDLE_TH_ERRORS
+  auto out = npu_dispatch::kernel_counters();
+  out.insert(out.begin(), kAbiVersion);
+  out.push_back(npu_dispatch::fast_lane_calls());
+  out.push_back(npu_dispatch::sharded_lane_calls());
+  out.push_back(npu_dispatch::stream_moved_bytes());
+  return to_tuple(out);
+  END_HANDLE_TH_ERRORS
+}
+
+// self_check() -> tuple: which CPU conversions matched stock at load (_native.py self_check_result).
+PyObject* self_check(PyObject* /*self*/, PyObject* const* /*args*/, Py_ssize_t /*nargs*/) {
+  HANDLE_TH_ERRORS
+  return to_tuple(npu_dispatch::self_check());
+  END_HANDLE_TH_ERRORS
+}
+
+// drain_stats() -> tuple: the direct ops' counters since the last drain (native_stats.h).
+PyObject* drain_stats(PyObject* /*self*/, PyObject* const* /*args*/, Py_ssize_t /*nargs*/) {
+  HANDLE_TH_ERRORS
+  return to_tuple(npu_dispatch::drain_direct());
+  END_HANDLE_TH_ERRORS
+}
+
+// set_capabilities(device_types: list[str], table: list[int], dtypes: list[torch.dtype]) -> None
+// (capability_table.h wire format).
+PyObject* set_capabilities(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (!arity(nargs, 3, 3, "set_capabilities(device_types, table, dtypes)")) return nullptr;
+  std::vector<std::string> names;
+  std::vector<int64_t> table;
+  std::vector<c10::ScalarType> dtypes;
+  for (PyObject* o : py_items(args[0])) {
+    const char* name = PyUnicode_AsUTF8(o);
+    if (name == nullptr) return nullptr;
+    names.emplace_back(name);
+  }
+  for (PyObject* o : py_items(args[1])) {
+    const long long v = PyLong_AsLongLong(o);
+    if (v == -1 && PyErr_Occurred()) return nullptr;
+    table.push_back(v);
+  }
+  for (PyObject* o : py_items(args[2])) {
+    if (!THPDtype_Check(o)) {
+      PyErr_SetString(PyExc_TypeError, "set_capabilities: dtypes must be torch.dtype");
+      return nullptr;
+    }
+    dtypes.push_back(reinterpret_cast<THPDtype*>(o)->scalar_type);
+  }
+  npu_dispatch::set_capabilities(names, table, dtypes);
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
 PyMethodDef methods[] = {
     {"plan", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&plan)), METH_FASTCALL,
      "The plan of one _foreach_copy_, encoded; nothing is written."},
@@ -303,6 +376,14 @@ PyMethodDef methods[] = {
      "Register the interception kernels."},
     {"install_passthrough", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&install_passthrough)), METH_FASTCALL,
      "Count an owned op of an unknown schema."},
+    {"info", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&info)), METH_FASTCALL,
+     "ABI version and the kernel's counters."},
+    {"self_check", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&self_check)), METH_FASTCALL,
+     "Which CPU conversions matched stock at load."},
+    {"drain_stats", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&drain_stats)), METH_FASTCALL,
+     "The direct ops' counters since the last drain."},
+    {"set_capabilities", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&set_capabilities)), METH_FASTCALL,
+     "Push the capability table in force."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -1,22 +1,14 @@
-// Op registration: the native-only ops (schemas here) and C++ kernels for the two public ops,
-// whose schemas npu_dispatch/ops.py defines (its Python kernel stays the no-compiler path and
-// serves every dispatch key not registered below).
+// C++ kernels for the library's two ops, whose schemas npu_dispatch/ops.py defines (its Python
+// kernel serves every dispatch key not registered below, and the machines without a compiler).
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
-#include "capability_table.h"
 #include "copy_call.h"
-#include "cpu_copy_kernel.h"
-#include "fast_lane.h"
 #include "mode_scope.h"
 #include "native_stats.h"
-#include "sharded_lane.h"
-#include "stream_copy.h"
 
 namespace npu_dispatch {
 namespace {
-
-constexpr int64_t kAbiVersion = 9;
 
 void foreach_copy_kernel(at::TensorList self, at::TensorList src, bool non_blocking) {
   const int64_t t0 = now_ns();
@@ -35,31 +27,8 @@ std::tuple<at::Tensor, at::Tensor> all_gather_copy_in_kernel(
   return result;
 }
 
-void set_capabilities_op(std::vector<std::string> device_types, std::vector<int64_t> table,
-                         std::vector<c10::ScalarType> dtypes) {
-  set_capabilities(device_types, table, dtypes);
-}
-
-std::vector<int64_t> info_op() {
-  auto out = kernel_counters();
-  out.insert(out.begin(), kAbiVersion);
-  out.push_back(fast_lane_calls());
-  out.push_back(sharded_lane_calls());
-  out.push_back(stream_moved_bytes());
-  return out;
-}
-
 }  // namespace
 }  // namespace npu_dispatch
-
-TORCH_LIBRARY_FRAGMENT(npu_dispatch, m) {
-  using namespace npu_dispatch;
-  m.def("_set_capabilities(str[] device_types, int[] table, ScalarType[] dtypes) -> ()",
-        &set_capabilities_op);
-  m.def("_self_check() -> int[]", &self_check);
-  m.def("_native_info() -> int[]", &info_op);
-  m.def("_drain_stats() -> int[]", &drain_direct);
-}
 
 #define NPU_DISPATCH_REGISTER_BACKEND(KEY)                                      \
   TORCH_LIBRARY_IMPL(npu_dispatch, KEY, m) {                                    \

@@ -1,24 +1,23 @@
-"""Loader for the C++ planner and executors in ``csrc/`` (JIT-built on first use, then cached).
+"""Loader for the C++ library in ``csrc/`` (JIT-built on first use, then cached).
 
 ``load()`` builds the extension with ``torch.utils.cpp_extension.load`` into
 ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``) the first time a copy needs it;
-later processes reuse the cached library. The library registers:
+later processes reuse the cached library. It holds:
 
-- ``foreach_copy_planned(dsts, srcs, non_blocking, strict, bump[, defer_if_grad])``, a CPython function
-  (plan + execute, returns a fixed-size count vector) that ``engine`` calls once per copy: it
-  reads the tensor lists without boxing them, which ``torch.ops`` would do tensor by tensor;
-  ``plan(dsts, srcs)``, the plan as a tuple of ints (decoded by ``_native_plan``, for ``explain``);
-- ``npu_dispatch::_plan``, the plan as an op;
-- C++ kernels for ``npu_dispatch::foreach_copy_`` / ``all_gather_copy_in`` at CPU, CUDA and
-  PrivateUse1, which win over the Python CompositeExplicitAutograd kernels of ``ops.py``.
+- C++ kernels for the ``npu_dispatch::`` ops at CPU, CUDA and PrivateUse1 (they win over the
+  Python CompositeExplicitAutograd kernels of ``ops.py``) and, once ``install()`` is called
+  (``NpuFastCopyMode``'s first use), the interception kernels at BackendSelect (csrc/intercept.h);
+- CPython functions: ``foreach_copy_planned`` (checks, plan, copy; the debugging mode's and the
+  ops' Python kernels' entry), ``foreach_copy_direct`` (the public ``foreach_copy_``'s fast
+  lane), ``plan`` (the plan as ints, for ``explain``), the mode scopes (``scope_*``), and
+  ``info`` / ``self_check`` / ``drain_stats`` / ``set_capabilities``.
 
 Without a compiler, or when the build fails, or with ``NPU_DISPATCH_NATIVE=0``, the reason is
-logged once, ``status()`` reports it, and everything runs on the Python planner (``plan.py``)
-and executor (``engine.py``): correct, only slower per tensor.
+logged once, ``status()`` reports it, and every copy runs as stock, counted as ``no_native``.
 
 The capability table stays Python data: ``capabilities`` tells this module whenever the table in
 force changes (override enter and exit) and the whole table is pushed to C++; the npu entry is
-pushed again once torch_npu gets imported (plan.py builds it on first sight of an npu tensor).
+pushed again once torch_npu gets imported.
 """
 from __future__ import annotations
 
@@ -129,7 +128,7 @@ def info() -> dict:
     from which a pass streams (``stream_moved_bytes``: the last-level cache's size)."""
     if _planned is None:
         return {}
-    abi, passes, items, nbytes, streamed, lane, sharded, stream_at = torch.ops.npu_dispatch._native_info.default()
+    abi, passes, items, nbytes, streamed, lane, sharded, stream_at = _module.info()
     return {"abi": abi, "kernel_passes": passes, "kernel_items": items, "kernel_bytes": nbytes,
             "kernel_streamed_bytes": streamed, "fast_lane_calls": lane, "sharded_lane_calls": sharded,
             "stream_moved_bytes": stream_at, "build_seconds": _build_seconds}
@@ -143,7 +142,7 @@ def module():
 
 def planned_op():
     """``foreach_copy_planned(dsts, srcs, non_blocking, strict, bump) -> tuple[int, ...]``, or
-    None (Python path). O(1) after the first call."""
+    None (no native library). O(1) after the first call."""
     if _planned is not None:
         if _npu_pending and "torch_npu" in sys.modules:
             push_capabilities()
@@ -216,13 +215,12 @@ def _load(verbose: bool = False) -> None:
             is_python_module=True,
             verbose=verbose,
         )
-        ops = torch.ops.npu_dispatch
-        abi = ops._native_info.default()[0]
+        abi = module.info()[0] if hasattr(module, "info") else None
         if abi != _ABI_VERSION:
             _fail(f"stale native library (ABI {abi}, expected {_ABI_VERSION})")
             return
-        _self_check = list(ops._self_check.default())
-    except Exception as e:  # no compiler, failed build, failed load: the Python path serves
+        _self_check = list(module.self_check())
+    except Exception as e:  # no compiler, failed build, failed load: stock serves (no_native)
         _fail(f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}")
         return
     _build_seconds = time.perf_counter() - start
@@ -231,10 +229,10 @@ def _load(verbose: bool = False) -> None:
     cpu = capabilities.lookup_default("cpu")
     capabilities.set_default("cpu", dataclasses.replace(
         cpu, max_tensors_per_launch=1 << 30, source="npu_dispatch multi-tensor CPU kernel (csrc/)"))
+    _module = module
     capabilities.on_change(push_capabilities)
     push_capabilities()
     _stats.add_drain(_drain_into)
-    _module = module
     _planned = module.foreach_copy_planned
     _direct = module.foreach_copy_direct
     _reason = f"loaded {_build_name(src)} ({_build_seconds:.1f}s to build or load)"
@@ -242,7 +240,7 @@ def _load(verbose: bool = False) -> None:
 
 def _fail(reason: str) -> None:
     global _reason
-    _reason = f"native path unavailable, using the Python planner: {reason}"
+    _reason = f"native library unavailable, every copy runs as stock (no_native): {reason}"
     log.warning("npu_dispatch: %s", _reason)
 
 
@@ -276,17 +274,17 @@ def push_capabilities() -> None:
         table += [1 | (2 if cap.whole_list_only else 0), cap.max_tensors_per_launch or 0, len(pairs)]
         for s, d in pairs:
             table += [idx(s), idx(d)]
-    torch.ops.npu_dispatch._set_capabilities.default(names, table, dtypes)
+    _module.set_capabilities(names, table, dtypes)
     _npu_pending = pending
 
 
-# Layout of npu_dispatch::_drain_stats and of the mode route's counters (csrc/native_stats.h).
+# Layout of the counters C++ keeps (drain_stats, scope_drain: csrc/native_stats.h).
 _COUNTED_OPS = ("npu_dispatch.foreach_copy_", "npu_dispatch.all_gather_copy_in", "aten._foreach_copy_",
                 "aten._foreach_copy", "fsdp.all_gather_copy_in")
 
 
 def _drain_into(stats: "_stats.CopyStats") -> None:
-    fold_counters(stats, torch.ops.npu_dispatch._drain_stats.default())
+    fold_counters(stats, _module.drain_stats())
 
 
 def fold_counters(stats: "_stats.CopyStats", v) -> None:

@@ -67,6 +67,14 @@ def _native() -> str:
     return f"{'built' if built else 'not built'}: {reason}"
 
 
+def _interception() -> str:
+    from . import _native
+
+    if _native.status()[0]:
+        return "C++ kernels at BackendSelect while entered (no Python dispatch mode; other ops unaffected)"
+    return "none: without the native library every owned op runs as stock, counted as no_native"
+
+
 def _devices() -> list[str]:
     seen = ["cpu"]
     if torch.cuda.is_available():
@@ -97,6 +105,7 @@ def report() -> str:
         ("CANN", _cann()),
         ("triton", _triton()),
         ("native extension", _native()),
+        ("NpuFastCopyMode", _interception()),
     ]
     width = max(len(k) for k, _ in rows)
     lines = [f"{k.ljust(width)}  {v}" for k, v in rows]

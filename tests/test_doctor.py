@@ -17,8 +17,10 @@ def test_doctor_prints_versions_devices_and_capability_table():
     assert "  npu   launch: 48 tensors" in out and "  cpu   launch:" in out
     if os.environ.get("NPU_DISPATCH_NATIVE", "1") == "0":
         assert "native extension   not built: " in out and "NPU_DISPATCH_NATIVE=0" in out
+        assert "NpuFastCopyMode    none: without the native library" in out
     else:
         assert "native extension   built: loaded npu_dispatch_native" in out
+        assert "NpuFastCopyMode    C++ kernels at BackendSelect" in out
 
 
 def test_doctor_probes_a_broken_torch_npu_without_importing_it(tmp_path):

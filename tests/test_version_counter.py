@@ -2,7 +2,7 @@
 
 Its key set looks plain and ``is_inference()`` is False, yet stock's version bump raises at that
 pair outside inference mode (after writing it, and before any later pair). Checked against stock
-through every entry; CI runs the native library, `NPU_DISPATCH_NATIVE=0` runs the pure-Python path.
+through every entry; CI runs the native library, `NPU_DISPATCH_NATIVE=0` runs every copy as stock.
 """
 from __future__ import annotations
 
