@@ -181,8 +181,28 @@ def _changed() -> None:
         fn()
 
 
-def lookup(device_type: str) -> Capability | None:
-    """The capability in force for ``device_type``; ``None`` means no fast path on that device."""
+def _device_type(device) -> str:
+    """``"cuda"`` for ``"cuda"``, ``"cuda:0"`` and ``torch.device("cuda", 0)``."""
+    if isinstance(device, torch.device):
+        return device.type
+    if isinstance(device, str):
+        # Parsed here, not by torch.device: "npu" is a device type only once torch_npu is loaded.
+        kind, sep, index = device.partition(":")
+        if not kind or (sep and not index.isdigit()):
+            raise ValueError(f"invalid device string {device!r}: expected 'type' or 'type:index'")
+        return kind
+    raise TypeError(f"expected a device type, a device string or a torch.device, not {type(device).__name__}")
+
+
+def lookup(device_type: str | torch.device) -> Capability | None:
+    """The capability in force for a device type (``"npu"``), a device (``"npu:0"``,
+    ``torch.device("npu", 0)``); ``None`` means no fast path on that device.
+
+    Raises:
+        TypeError: neither a string nor a ``torch.device``.
+        ValueError: a string that is not ``type`` or ``type:index`` (``"cuda:x"``).
+    """
+    device_type = _device_type(device_type)
     for layer in reversed(_overrides):
         if device_type in layer:
             return layer[device_type]
@@ -194,9 +214,9 @@ def lookup(device_type: str) -> Capability | None:
     return cap
 
 
-def lookup_default(device_type: str) -> Capability | None:
-    """The default entry for ``device_type``, ignoring overrides."""
-    return _table.get(device_type)
+def lookup_default(device_type: str | torch.device) -> Capability | None:
+    """The default entry for a device type or device (as :func:`lookup`), ignoring overrides."""
+    return _table.get(_device_type(device_type))
 
 
 def set_default(device_type: str, cap: Capability) -> None:

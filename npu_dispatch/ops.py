@@ -83,6 +83,23 @@ def _all_gather_copy_in_fake(all_gather_inputs, all_gather_output, inp_split_siz
     return all_gather_input, all_gather_output
 
 
+def _tensor_list(fn: str, name: str, position: int, value):
+    """``value`` where the Python binding of a ``Tensor[]`` argument takes it (a list or tuple),
+    else the binding's TypeError (``torch._foreach_copy_`` raises it for a tensor, a generator,
+    ``None``)."""
+    if type(value) not in (list, tuple):
+        raise TypeError(f"{fn}(): argument '{name}' (position {position + 1}) must be tuple of Tensors, "
+                        f"not {type(value).__name__}")
+    return value
+
+
+def _check_elements(value: list, position: int) -> None:
+    """The binding's TypeError for an element that is not a Tensor (``None``, a number...)."""
+    for i, t in enumerate(value):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"expected Tensor as element {i} in argument {position}, but got {type(t).__name__}")
+
+
 def foreach_copy_(
     self: Sequence[torch.Tensor], src: Sequence[torch.Tensor], non_blocking: bool = False
 ) -> list[torch.Tensor]:
@@ -101,11 +118,16 @@ def foreach_copy_(
         ``self`` as a list, as the Python binding of ``torch._foreach_copy_`` does.
 
     Raises:
+        TypeError: as stock's binding: an argument that is not a list or tuple, or an element that
+            is not a Tensor.
         RuntimeError: as stock (empty lists, unequal lengths, shapes that do not broadcast...).
     """
-    # Lists pass as they are (the C++ entry reads them in place); other sequences are copied once.
-    self = self if type(self) is list else list(self)
-    src = src if type(src) is list else list(src)
+    # Lists pass as they are (the C++ entry reads them in place), tuples are copied once; anything
+    # else gets the stock binding's TypeError, before anything is written.
+    if type(self) is not list:
+        self = list(_tensor_list("foreach_copy_", "self", 0, self))
+    if type(src) is not list:
+        src = list(_tensor_list("foreach_copy_", "src", 1, src))
     # The fast lane (csrc/fast_lane.h) checks in C++ that no dispatch or torch function mode would
     # see the op, that no extra dispatch key is on (the JIT tracer's is) and that no tensor
     # requires grad; a compiler recording this function, or forward-mode AD, takes the op below
@@ -115,6 +137,9 @@ def foreach_copy_(
     if (direct is not None and _fwad._current_level < 0 and not torch.compiler.is_compiling()
             and direct(self, src, non_blocking)):
         return self
+    # The lane refused the call: now (off the fast path) check each element as the binding does.
+    _check_elements(self, 0)
+    _check_elements(src, 1)
     if torch._C._get_tracing_state():
         # The JIT tracer records no call of a custom op that returns nothing; stock's per-pair
         # copy_ calls it records, with the same result.
@@ -149,5 +174,7 @@ def all_gather_copy_in(
     Raises:
         RuntimeError / IndexError: as stock ``narrow`` / ``split`` / ``_foreach_copy_``.
     """
+    # Tuples become lists; anything else reaches the op as it is, which raises as stock's does.
+    as_list = lambda v: list(v) if type(v) is tuple else v  # noqa: E731
     return torch.ops.npu_dispatch.all_gather_copy_in.default(
-        list(all_gather_inputs), all_gather_output, list(inp_split_sizes), all_gather_input_numel, rank)
+        as_list(all_gather_inputs), all_gather_output, as_list(inp_split_sizes), all_gather_input_numel, rank)

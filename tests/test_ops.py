@@ -297,3 +297,55 @@ def test_opcheck_of_every_op_the_library_defines():
                           test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
     defined = {name for name in dir(torch.ops.npu_dispatch) if not name.startswith("_")} - {"name"}
     assert {"foreach_copy_", "all_gather_copy_in"} <= defined
+
+
+_BAD_LISTS = {
+    "tensor": lambda: (torch.zeros(3), torch.ones(3)),
+    "generator": lambda: ((t for t in [torch.zeros(3)]), [torch.ones(3)]),
+    "none": lambda: (None, [torch.ones(3)]),
+    "none_element": lambda: ([torch.zeros(3), None], [torch.ones(3), torch.ones(3)]),
+    "none_source": lambda: ([torch.zeros(3)], [None]),
+    "int_element": lambda: ([torch.zeros(1), 1], [torch.ones(1), torch.ones(1)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_BAD_LISTS))
+def test_bad_arguments_get_the_stock_bindings_type_error_and_nothing_is_written(name):
+    d0, s0 = _BAD_LISTS[name]()
+    with pytest.raises(TypeError) as want:
+        torch._foreach_copy_(d0, s0)
+    d1, s1 = _BAD_LISTS[name]()
+    with pytest.raises(TypeError) as got:
+        nd.foreach_copy_(d1, s1)
+    # The same message, naming our function where stock's names its own.
+    assert str(got.value) == str(want.value).replace("_foreach_copy_()", "foreach_copy_()")
+    for d in (d1 if isinstance(d1, (list, tuple)) else [d1]):
+        if isinstance(d, torch.Tensor):
+            assert not d.any() and d._version == 0
+
+
+@pytest.mark.parametrize("device", ["cpu", "cpu:0", torch.device("cpu"), torch.device("cpu", 0)], ids=str)
+def test_capability_lookup_takes_device_strings_and_devices(device):
+    assert nd.capabilities.lookup(device) is nd.capabilities.lookup("cpu") is not None
+    assert nd.capabilities.lookup("npu:3") == nd.capabilities.lookup("npu")
+
+
+def test_capability_lookup_refuses_what_is_not_a_device():
+    with pytest.raises(ValueError, match="invalid device string 'cuda:x'"):
+        nd.capabilities.lookup("cuda:x")
+    with pytest.raises(TypeError, match="not int"):
+        nd.capabilities.lookup(0)
+
+
+@pytest.mark.parametrize("inputs", [torch.zeros(3), [None], [torch.ones(3), 2]], ids=["tensor", "none", "int"])
+def test_copy_in_with_bad_inputs_raises_as_the_stock_op(inputs):
+    import torch.distributed.fsdp  # noqa: F401  registers fsdp::all_gather_copy_in
+
+    outs = [torch.zeros(6), torch.zeros(6)]
+    errors = []
+    for fn, out in zip((torch.ops.fsdp.all_gather_copy_in, nd.all_gather_copy_in), outs):
+        with pytest.raises(RuntimeError) as info:
+            fn(inputs, out, [3], 3, 1)
+        errors.append(str(info.value).splitlines()[0].replace("npu_dispatch::", "fsdp::"))
+    assert errors[0] == errors[1]
+    assert not outs[1].any() and outs[1]._version == 0
