@@ -80,10 +80,10 @@ class CpuCopyBatch {
   // this thread's fence.
   void copy_bytes(int64_t begin, int64_t end, bool backward, bool stream) const;
   // The direction of this thread's next pass: each call flips it. A list copied again and again
-  // whose bytes are about the size of a core's L2 (small_many: 0.9 MB a thread against 1 MB)
-  // then starts each pass on the lines the last pass touched last, which are still cached; in
-  // one direction every pass can evict its own next lines first and run at L3 speed (about
-  // 2x slower, depending on where the pages fall physically).
+  // whose bytes are about the size of a core's L2 (the small_many workload) then starts each
+  // pass on the lines the last pass touched last, which are still cached; in one direction every
+  // pass can evict its own next lines first and run at L3 speed (docs/notes/profile.md, "The
+  // second cause").
   static bool alternate();
   static void count_pass(int64_t items, int64_t bytes);
 

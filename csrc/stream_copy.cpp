@@ -59,8 +59,8 @@ int64_t parse_size(const std::string& text) {
 }
 
 // CPU 0's level-3 (or higher) cache as sysfs lists it: the cache its copies actually share
-// (sysconf's level-3 figure can be the whole package's: 256 MB on the CI host, whose cores share
-// 32 MB). A host listing none gets 32 MB rather than its L2's size, below which calls that fit
+// (sysconf's level-3 figure can be the whole package's, several times what the cores share). A
+// host listing none gets 32 MB rather than its L2's size, below which calls that fit
 // in an unlisted L3 would stream. Threads spread over several such caches (multi-CCX or
 // multi-socket hosts) share more than this; calls between the two sizes then stream too.
 int64_t last_level_cache_bytes() {

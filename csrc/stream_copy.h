@@ -13,9 +13,9 @@ namespace npu_dispatch {
 // Bytes read plus written at or above which a pass streams its byte copies: the size of the
 // level-3 (or higher) cache CPU 0 sits under (sysfs), 32 MB where none is listed; INT64_MAX
 // (never) on a CPU without AVX2 streaming stores. The first call reads sysfs: the library's
-// load makes it (self_check), not a copy. On the CI host (32 MB)
-// a pass of 64 KB items moving 16 MB ran twice as fast with normal stores (it stays in cache),
-// one moving 32 MB 1.35x faster streamed, 128 MB 1.2 to 1.6x.
+// load makes it (self_check), not a copy. Below the cache's size normal stores win (the data
+// stays cached), beyond it streaming does (docs/notes/profile.md, "Short rounds, and streaming
+// stores beyond the cache").
 int64_t stream_moved_bytes();
 
 // Copies `n` bytes (any alignment, no overlap) with AVX2 streaming stores (memcpy on a CPU

@@ -1,8 +1,10 @@
 """Loader for the C++ library in ``csrc/`` (JIT-built on first use, then cached).
 
-``load()`` builds the extension with ``torch.utils.cpp_extension.load`` into
-``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``) the first time a copy needs it;
-later processes reuse the cached library. It holds:
+``load()`` uses the extension ``pip install --no-build-isolation`` built (``npu_dispatch/_C``,
+``setup.py``) when it was built from the sources next to the package and for the torch in use;
+else it builds one with ``torch.utils.cpp_extension.load`` into ``TORCH_EXTENSIONS_DIR`` (default
+``~/.cache/torch_extensions``) the first time a copy needs it, saying so on stderr, and later
+processes reuse the cached library. It holds:
 
 - C++ kernels for the ``npu_dispatch::`` ops at CPU, CUDA and PrivateUse1 (they win over the
   Python CompositeExplicitAutograd kernels of ``ops.py``) and, once ``install()`` is called
@@ -23,6 +25,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
+import json
 import logging
 import os
 import shutil
@@ -33,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from . import capabilities, stats as _stats
+from . import _build, capabilities, stats as _stats
 
 __all__ = ["load", "available", "status", "build", "module", "planned_op", "direct_op", "self_check_result", "info"]
 
@@ -41,46 +45,11 @@ log = logging.getLogger("npu_dispatch")
 
 _BASE_NAME = "npu_dispatch_native"
 _ABI_VERSION = 9
-_SOURCES = (
-    "capability_table.cpp",
-    "plan.cpp",
-    "cpu_convert_default.cpp",
-    "cpu_convert_avx2.cpp",
-    "cpu_convert_avx512.cpp",
-    "cpu_copy_kernel.cpp",
-    "stream_copy.cpp",
-    "fast_lane.cpp",
-    "sharded_lane.cpp",
-    "lane_call.cpp",
-    "mode_scope.cpp",
-    "intercept.cpp",
-    "execute.cpp",
-    "copy_call.cpp",
-    "native_stats.cpp",
-    "register.cpp",
-    "python_entry.cpp",
-)
-_CFLAGS = ["-O3", "-Wno-psabi", "-fvisibility=hidden", "-fvisibility-inlines-hidden"]
-
-
 def _build_name(src: Path) -> str:
     """One cache entry per source tree and torch build: two checkouts (or venvs) sharing
     TORCH_EXTENSIONS_DIR would otherwise rebuild over each other on every load."""
     key = f"{src.resolve()}|{torch.__version__}|{torch.__file__}".encode()
     return f"{_BASE_NAME}_{hashlib.sha1(key).hexdigest()[:10]}"
-
-
-def _openmp_flags() -> tuple[list[str], list[str]]:
-    """at::parallel_for is inline OpenMP in ATen's headers: without -fopenmp it runs serially.
-
-    Link the libgomp that torch ships (its soname is already loaded by torch, so no second OpenMP
-    runtime appears); where a torch with OpenMP ships none, -fopenmp links the compiler's, as
-    torch's own extensions do. A torch built without OpenMP gets no flags.
-    """
-    if "OpenMP" not in torch.__config__.parallel_info():
-        return [], []
-    gomp = Path(torch.__file__).parent / "lib" / "libgomp.so.1"
-    return ["-fopenmp"], ([str(gomp)] if gomp.is_file() else ["-fopenmp"])
 
 
 _lock = threading.RLock()
@@ -95,11 +64,7 @@ _build_seconds: float | None = None
 
 
 def _source_dir() -> Path | None:
-    here = Path(__file__).resolve().parent
-    for cand in (here / "csrc", here.parent / "csrc"):  # installed wheel, then source checkout
-        if all((cand / s).is_file() for s in _SOURCES):
-            return cand
-    return None
+    return _build.source_dir(Path(__file__).resolve().parent)
 
 
 def status() -> tuple[bool, str]:
@@ -195,33 +160,29 @@ def _load(verbose: bool = False) -> None:
         _reason = "disabled by NPU_DISPATCH_NATIVE=0"
         return
     src = _source_dir()
-    if src is None:
-        _fail("C++ sources (csrc/*.cpp) not found next to the package")
-        return
-    cxx = os.environ.get("CXX", "c++")
-    if shutil.which(cxx) is None:
-        _fail(f"no C++ compiler: {cxx!r} not found (install one, or set CXX)")
-        return
     start = time.perf_counter()
+    module, how = _installed_build(src)
+    if module is None:
+        if src is None:
+            _fail("C++ sources (csrc/*.cpp) not found next to the package")
+            return
+        cxx = os.environ.get("CXX", "c++")
+        if shutil.which(cxx) is None:
+            _fail(f"no C++ compiler: {cxx!r} not found (install one, or set CXX); {how}")
+            return
+        try:
+            module, how = _first_use_build(src, verbose)
+        except Exception as e:  # no compiler, failed build, failed load: stock serves (no_native)
+            _fail(f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}")
+            return
     try:
-        from torch.utils import cpp_extension
-
-        omp_cflags, omp_ldflags = _openmp_flags()
-        module = cpp_extension.load(
-            name=_build_name(src),
-            sources=[str(src / s) for s in _SOURCES],
-            extra_cflags=_CFLAGS + omp_cflags,
-            extra_ldflags=omp_ldflags,
-            is_python_module=True,
-            verbose=verbose,
-        )
         abi = module.info()[0] if hasattr(module, "info") else None
         if abi != _ABI_VERSION:
             _fail(f"stale native library (ABI {abi}, expected {_ABI_VERSION})")
             return
         _self_check = list(module.self_check())
-    except Exception as e:  # no compiler, failed build, failed load: stock serves (no_native)
-        _fail(f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}")
+    except Exception as e:  # noqa: BLE001  a library that fails its checks is not used
+        _fail(f"{type(e).__name__}: {e}")
         return
     _build_seconds = time.perf_counter() - start
     # The C++ CPU kernel copies every CPU group of a call in one pass: one launch per group,
@@ -235,7 +196,58 @@ def _load(verbose: bool = False) -> None:
     _stats.add_drain(_drain_into)
     _planned = module.foreach_copy_planned
     _direct = module.foreach_copy_direct
-    _reason = f"loaded {_build_name(src)} ({_build_seconds:.1f}s to build or load)"
+    _reason = f"loaded {how} ({_build_seconds:.1f}s to build or load)"
+
+
+def _installed_build(src: Path | None):
+    """``(module, how)``: the extension an install built (``npu_dispatch/_C``), where it was built
+    from the sources next to the package and for this torch; else ``(None, why not)``. A stale
+    one is never imported (its kernels would register beside the fresh build's)."""
+    here = Path(__file__).resolve().parent
+    info_file = here / _build.BUILD_INFO
+    if not info_file.is_file():
+        return None, "no extension was built at install"
+    try:
+        info = json.loads(info_file.read_text())
+    except (OSError, ValueError) as e:
+        return None, f"unreadable {info_file.name}: {e}"
+    if info.get("torch") != torch.__version__:
+        return None, f"the extension installed was built for torch {info.get('torch')}, not {torch.__version__}"
+    if src is not None and info.get("source_hash") != _build.source_hash(src):
+        return None, "the extension installed was built from other sources than those next to the package"
+    try:
+        return importlib.import_module(_build.EXTENSION), f"{_build.EXTENSION} (built at install)"
+    except ImportError as e:
+        return None, f"the extension installed does not load: {e}"
+
+
+def _first_use_build(src: Path, verbose: bool):
+    """Builds (or loads the cached build of) the extension with torch.utils.cpp_extension.load;
+    says so on stderr before and after a build that has no cached library yet (``verbose``, as
+    ``python -m npu_dispatch build`` passes: every compiler step too)."""
+    from torch.utils import cpp_extension
+
+    name = _build_name(src)
+    cached = Path(cpp_extension._get_build_directory(name, verbose=False)) / f"{name}.so"
+    fresh = not cached.is_file()
+    if fresh:
+        print(f"npu_dispatch: building the C++ extension for torch {torch.__version__} now (first use; a "
+              "minute or two on 2 cores; `pip install --no-build-isolation .` builds it at install, "
+              "`python -m npu_dispatch build` ahead of time)", file=sys.stderr, flush=True)
+    omp_cflags, omp_ldflags = _build.openmp_flags(torch)
+    start = time.perf_counter()
+    module = cpp_extension.load(
+        name=name,
+        sources=[str(p) for p in _build.sources(src)],
+        extra_cflags=_build.CFLAGS + omp_cflags,
+        extra_ldflags=omp_ldflags,
+        is_python_module=True,
+        verbose=verbose,
+    )
+    if fresh:
+        print(f"npu_dispatch: built the C++ extension in {time.perf_counter() - start:.0f} s", file=sys.stderr,
+              flush=True)
+    return module, name
 
 
 def _fail(reason: str) -> None:

@@ -62,15 +62,19 @@ def _triton() -> str:
 
 def _native() -> str:
     from . import _native
-    _native.load()  # builds on first use (about 20 s on 2 cores), then loads from the cache
+    _native.load()  # the install's build, or a first-use build (then cached)
     built, reason = _native.status()
     return f"{'built' if built else 'not built'}: {reason}"
 
 
 def _interception() -> str:
     from . import _native
+    from .mode import _interception_refused
 
     if _native.status()[0]:
+        refused = _interception_refused()
+        if refused is not None:
+            return f"a Python dispatch mode (every op of the block pays for it): {refused}"
         return "C++ kernels at BackendSelect while entered (no Python dispatch mode; other ops unaffected)"
     return "none: without the native library every owned op runs as stock, counted as no_native"
 

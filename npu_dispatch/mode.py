@@ -44,6 +44,24 @@ def _fsdp_op():
 # through, "namespace.name"): the debugging mode's table (OpOverload hashes cost ~150 ns in Python).
 _TABLE: dict = {}
 _FSDP_WHY: list = []  # why fsdp.all_gather_copy_in passes through, if it does
+# Why the interception kernels are not used in this process (empty: they are), set by _install.
+_NO_INTERCEPTION: list = []
+
+# torch minor versions CI runs the interception kernels on. They rely on dispatcher facts of
+# those versions (no ADInplaceOrView kernel of aten::_foreach_copy_, so its version bumps are the
+# planner's to make; the keys a call meets before BackendSelect): elsewhere the mode takes the
+# Python dispatch-mode path, correct but with a per-op cost (docs/design.md).
+TESTED_TORCH = ("2.13", "2.14")
+
+
+def _interception_refused() -> str | None:
+    """Why this torch cannot take the interception kernels, or None."""
+    version = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+    if version not in TESTED_TORCH:
+        return f"torch {torch.__version__} is not among the versions tested ({', '.join(TESTED_TORCH)})"
+    if torch._C._dispatch_has_kernel_for_dispatch_key("aten::_foreach_copy_", "ADInplaceOrView"):
+        return "aten::_foreach_copy_ has an ADInplaceOrView kernel in this torch (its bumps would double)"
+    return None
 
 
 def _install() -> None:
@@ -68,7 +86,11 @@ def _install() -> None:
         entries[fsdp] = None
         _FSDP_WHY.append(why)
     module = _native.module()
-    if module is not None:
+    refused = _interception_refused() if module is not None else None
+    if refused is not None:
+        log.warning("npu_dispatch: NpuFastCopyMode takes the Python dispatch-mode path (a per-op cost): %s", refused)
+        _NO_INTERCEPTION.append(refused)
+    elif module is not None:
         module.install(fsdp is not None and why is None)
         if fsdp is not None and why is not None:
             module.install_passthrough("fsdp::all_gather_copy_in", "")
@@ -246,7 +268,7 @@ class NpuFastCopyMode:
         self._entries: list = []  # per entry: "scope", or the _DebugMode pushed
         self._scope = None
         self._native = _native.module()
-        if self._native is not None and not (self.strict or self.verify):
+        if self._native is not None and not (self.strict or self.verify or _NO_INTERCEPTION):
             self._scope = self._native.scope_new(False)
             self._attach(self._native)
 

@@ -131,7 +131,7 @@ def foreach_copy_(
     # The fast lane (csrc/fast_lane.h) checks in C++ that no dispatch or torch function mode would
     # see the op, that no extra dispatch key is on (the JIT tracer's is) and that no tensor
     # requires grad; a compiler recording this function, or forward-mode AD, takes the op below
-    # instead. These lines are the whole Python cost of a call the lane takes (about 0.3 us), so
+    # instead. These lines are the whole Python cost of a call the lane takes, so
     # they read the loaded entry directly and check only what C++ cannot see.
     direct = _native._direct if _native._direct is not None else _native.direct_op()
     if (direct is not None and _fwad._current_level < 0 and not torch.compiler.is_compiling()

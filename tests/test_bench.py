@@ -1,19 +1,28 @@
-"""The benchmark suite (npu_dispatch/bench/): its JSON shape and the correctness of its workloads.
+"""The benchmark suite (npu_dispatch/bench/): its JSON shape, its metrics, the null route, the FSDP2
+example's row, and the correctness of its workloads.
 
-No timing assertions: only structure, and that each workload's direct op writes exactly stock's bits.
+No timing assertions: only structure, metrics computed from the medians, and that each workload's
+direct op and mode write exactly stock's bits.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
 import npu_dispatch
 from npu_dispatch.bench import __main__ as bench_main
-from npu_dispatch.bench import suite, workloads
+from npu_dispatch.bench import report, suite, workers, workloads
 
 _ONLY = ["tiny_many", "mode_overhead"]
+_NATIVE = npu_dispatch._native.available()
+_ROUTE = suite.null_route_refused() is None  # the interception kernels run here
+needs_route = pytest.mark.skipif(not _ROUTE, reason=f"no null route: {suite.null_route_refused()}")
 
 
 @pytest.fixture(scope="module")
@@ -24,54 +33,67 @@ def quick_run(tmp_path_factory):
     return argv, out
 
 
+def _medians(row: dict) -> dict:
+    return {k: v["median_us"] for k, v in row["times_us"].items()}
+
+
 def test_quick_json_structure(quick_run, capsys):
     argv, out = quick_run
     assert bench_main.main(argv) == 0
     result = json.loads(capsys.readouterr().out)  # exactly one JSON object on stdout
     assert result["schema"] == 1
     assert result["config"]["threads"] == 1 and result["config"]["only"] == _ONLY
+    assert result["config"]["quick"] is True
     assert {"cpu", "torch_threads", "torch", "native_extension", "date"} <= result["machine"].keys()
     assert isinstance(result["machine"]["native_extension"]["present"], bool)
     assert [r["name"] for r in result["workloads"]] == _ONLY
     tiny, overhead = result["workloads"]
 
-    floor = ({"pair_floor", "call_floor", "flat_direct", "copy_floor", "direct_copy_floor", "parallel_region",
-              "null_route", "null_route_copy"}
-             if npu_dispatch._native.available() else set())
-    assert set(tiny["times_us"]) == {"stock", "direct", "mode", "mode_front", "bare_mode", "null_mode", "roofline"} | floor
-    assert set(overhead["times_us"]) == {"no_mode", "bare_mode", "mode"}
+    assert set(tiny["times_us"]) == {"stock", "direct", "mode", "roofline"} | ({"null_route"} if _ROUTE else set())
+    assert set(overhead["times_us"]) == {"no_mode", "mode", "debug_mode"}
     for row in (tiny, overhead):
         for t in row["times_us"].values():
             assert t["median_us"] > 0 and t["blocks"] >= 1 and len(t["round_medians_us"]) == 1
-        assert row["checks"] and all(isinstance(c["pass"], bool) for c in row["checks"])
         assert isinstance(row["pass"], bool)
-    assert {"speedup_direct", "speedup_mode", "speedup_mode_front", "efficiency_direct",
-            "efficiency_bound"} <= tiny["metrics"].keys()
-    if floor:
-        # Two estimates from the floors and the roofline; the checks read the higher one.
-        m = tiny["metrics"]
-        assert 0 < m["efficiency_bound_after_copy"] and 0 < m["efficiency_bound_hot"]
-        assert m["efficiency_bound"] == max(m["efficiency_bound_hot"], m["efficiency_bound_after_copy"])
-        (mode_check,) = [c for c in tiny["checks"] if c["metric"] == "speedup_mode"]
-        assert mode_check["ceiling"] == m["speedup_mode_ceiling"]
-        med = {k: v["median_us"] for k, v in tiny["times_us"].items()}
-        assert m["speedup_mode_ceiling"] == med["stock"] / min(med["null_mode"], med["null_route"])
-        pair_work = max(med["pair_floor"] - med["call_floor"], 0.0)
-        assert m["speedup_mode_estimate"] == med["stock"] / (med["null_route_copy"] + pair_work)
-    assert "extra_us_vs_bare_mode" in overhead["metrics"]
+
+    # The metrics, from the medians of the same run.
+    med, m = _medians(tiny), tiny["metrics"]
+    assert m["speedup_direct"] == med["stock"] / med["direct"]
+    assert m["speedup_mode"] == med["stock"] / med["mode"]
+    assert m["efficiency_direct"] == med["roofline"] / med["direct"]
+    if _ROUTE:
+        assert m["speedup_mode_ceiling"] == med["stock"] / med["null_route"]
+        bound = min(m["speedup_direct"], m["speedup_mode_ceiling"])
+    else:
+        assert m["speedup_mode_ceiling"] is None
+        bound = m["speedup_direct"]
+    assert m["mode_vs_bound"] == m["speedup_mode"] / bound
+    med = _medians(overhead)
+    assert overhead["metrics"] == {"extra_us_vs_no_mode": med["mode"] - med["no_mode"],
+                                   "debug_extra_us_vs_no_mode": med["debug_mode"] - med["no_mode"]}
+
+    # The checks read the targets: the direct op's, and through the mode only against the bound.
+    assert [c["target"] for c in tiny["checks"]] == ["speedup_direct >= 6", "mode_vs_bound >= 0.9"]
+    assert [c["target"] for c in overhead["checks"]] == ["extra_us_vs_no_mode <= 0.1"]
+    for row in (tiny, overhead):
+        for c in row["checks"]:
+            assert c["value"] == row["metrics"][c["metric"]]
+            assert c["pass"] == (c["value"] >= 6 if c["metric"] == "speedup_direct" else
+                                 c["value"] >= 0.9 if c["metric"] == "mode_vs_bound" else c["value"] <= 0.1)
+        assert row["pass"] == (all(c["pass"] for c in row["checks"]) and all(row.get("bitwise_equal", {}).values()))
 
     assert tiny["pairs"] == 512 and tiny["elements"] == sum(workloads.TINY_SIZES)
-    assert tiny["bitwise_equal"] == {"direct": True, "mode": True, "mode_front": True}
+    assert tiny["bitwise_equal"] == {"direct": True, "mode": True}
     assert tiny["launches"] >= 1 and sum(tiny["paths"].values()) == 512
 
     assert json.loads((out / "benchmarks.json").read_text()) == result
     md = (out / "benchmarks.md").read_text()
-    assert "tiny_many" in md and "| workload |" in md
-    if floor:
-        m = tiny["metrics"]
-        assert f"| {m['speedup_mode_ceiling']:.2f}x / {m['speedup_mode_estimate']:.2f}x |" in md
-        region = tiny["times_us"]["parallel_region"]["round_medians_us"][0]
-        assert f"| tiny_many | parallel region | {region:.3g} |" in md
+    assert f"| tiny_many | 512 | {sum(workloads.TINY_SIZES):,} |" in md
+    assert f"| {m['speedup_mode_ceiling']:.2f}x | {m['mode_vs_bound']:.2f} | {m['efficiency_direct']:.2f} |" in md
+    assert f"| mode_overhead | {report._us(med['no_mode'])} | {report._us(med['mode'])} |" in md
+    assert "| tiny_many | mode_vs_bound >= 0.9 |" in md
+    for gone in ("front", "floor", "bare", "estimate"):
+        assert gone not in md
     if _has_matplotlib():
         assert (out / "benchmarks.png").stat().st_size > 0
 
@@ -87,6 +109,19 @@ def _has_matplotlib() -> bool:
 def test_unknown_workload_is_an_error(capsys):
     assert bench_main.main(["--quick", "--only", "nope"]) == 2
     assert "tiny_many" in capsys.readouterr().err
+
+
+def test_copy_metrics_read_the_lower_bound():
+    med = {"stock": 120.0, "direct": 10.0, "mode": 30.0, "roofline": 5.0, "null_route": 40.0}
+    m = suite.metrics_of("foreach", med)
+    assert (m["speedup_direct"], m["speedup_mode"], m["speedup_mode_ceiling"]) == (12.0, 4.0, 3.0)
+    assert m["mode_vs_bound"] == 4.0 / 3.0  # the ceiling is the lower bound here
+    assert (m["efficiency_direct"], m["efficiency_mode"]) == (0.5, 5.0 / 30.0)
+    med["null_route"] = 5.0  # now the direct op's speed-up is the lower
+    assert suite.metrics_of("foreach", med)["mode_vs_bound"] == 4.0 / 12.0
+    del med["null_route"]  # all_gather_copy_in, or no native library: the direct op alone
+    m = suite.metrics_of("all_gather_copy_in", med)
+    assert m["speedup_mode_ceiling"] is None and m["mode_vs_bound"] == 4.0 / 12.0
 
 
 def _bits(ts):
@@ -114,88 +149,172 @@ def test_copy_in_shapes_follow_fsdp2():
 
 def test_copy_in_variants_match_stock_bitwise():
     # The suite's all_gather_copy_in path, on a small stand-in for the Llama block (which the suite
-    # itself checks at full size on every run).
-
+    # itself checks at full size on every run). No null route: it takes foreach lists only.
     g = torch.Generator().manual_seed(0)
     sizes = [48, 16, 64]
     args = workloads.CopyInArgs([torch.randn(n, generator=g) for n in sizes], torch.zeros(4 * 128),
                                 sizes, 128, 2, 4)
     by = {v.name: v for v in suite.variants(args)}
+    assert set(by) == {"stock", "direct", "mode", "roofline"}
     equal = suite.bitwise_check(args.outputs, by["stock"].run_once,
                                 {"direct": by["direct"].run_once, "mode": by["mode"].run_once})
     assert equal == {"direct": True, "mode": True}
     assert torch.equal(args.output[256:384], torch.cat(args.inputs))
 
 
-def test_pair_floor_touches_every_pair_and_copies_nothing():
-    if not npu_dispatch._native.available():
-        pytest.skip(f"native library not built: {npu_dispatch._native.status()[1]}")
-    touch = npu_dispatch._native.module().touch_pairs
-    d, s = [torch.zeros(3), torch.zeros(2)], [torch.ones(3), torch.ones(2)]
-    touch(d, s)
-    assert [t._version for t in d] == [1, 1] and all(t.count_nonzero() == 0 for t in d)
-    with pytest.raises(TypeError):
-        touch(d, s[:1])
-
-
-def test_copy_floor_is_the_faster_flat_copy_then_the_pairs_less_the_call():
-    med = {"copy_floor": 12.0, "direct_copy_floor": 10.0, "call_floor": 0.5}
-    assert suite.copy_floor(med) == 9.5
-    assert suite.copy_floor({"roofline": 3.0}) is None
-
-
-def test_copy_floor_variants_copy_then_touch_every_pair():
-    if not npu_dispatch._native.available():
-        pytest.skip(f"native library not built: {npu_dispatch._native.status()[1]}")
+@needs_route
+def test_null_route_takes_the_call_and_copies_nothing():
     args = workloads.ForeachArgs([torch.zeros(3), torch.zeros(5)], [torch.ones(3), torch.ones(5)])
     by = {v.name: v for v in suite.variants(args)}
-    for name in ("copy_floor", "direct_copy_floor"):
-        by[name].run_once()
-    # Each statement moved the flat buffers' bytes and bumped every listed destination once.
-    assert [t._version for t in args.dsts] == [2, 2] and all(t.count_nonzero() == 0 for t in args.dsts)
-    flat = by["copy_floor"].globals["flat_dst"]
-    assert torch.equal(flat, by["copy_floor"].globals["flat_src"])
+    route = by["null_route"]
+    assert route.stmt == by["stock"].stmt  # the stock call, under the route
+    with route.context():
+        assert torch._C._len_torch_dispatch_stack() == 0  # no Python mode pushed
+        exec(route.stmt, route.globals)
+        # Nothing written, no version moved; other ops (and the functional variant) run as stock.
+        assert all(t.count_nonzero() == 0 for t in args.dsts) and [t._version for t in args.dsts] == [0, 0]
+        assert torch.equal(torch.add(args.srcs[0], 1), torch.full((3,), 2.0))
+        assert all(torch.equal(o, s) for o, s in zip(torch.ops.aten._foreach_copy(args.dsts, args.srcs), args.srcs))
+    by["stock"].run_once()  # outside it, the same call copies
+    assert all(torch.equal(d, s) for d, s in zip(args.dsts, args.srcs)) and [t._version for t in args.dsts] == [1, 1]
 
 
-def test_null_route_copy_moves_the_flat_bytes_and_leaves_the_lists():
-    if not npu_dispatch._native.available():
-        pytest.skip(f"native library not built: {npu_dispatch._native.status()[1]}")
-    args = workloads.ForeachArgs([torch.zeros(3), torch.zeros(5)], [torch.ones(3), torch.ones(5)])
-    by = {v.name: v for v in suite.variants(args)}
-    g = by["null_route_copy"].globals
-    flat_dst, flat_src = g["flat_dst"], g["flat_src"]
-    calls = npu_dispatch._native.module().mode_route_calls()
-    with by["null_route_copy"].context():
-        flat_dst.zero_()  # entering copied the pair once, to check it
-        exec(by["null_route_copy"].stmt, g)
-        # The route took the call (no copy counted, nothing written to the lists, no version
-        # moved) and moved the flat pair's bytes instead.
-        assert torch.equal(flat_dst, flat_src) and flat_src.count_nonzero() > 0
-    assert npu_dispatch._native.module().mode_route_calls() == calls
-    assert [t._version for t in args.dsts] == [0, 0] and all(t.count_nonzero() == 0 for t in args.dsts)
+@needs_route
+def test_null_route_works_before_any_mode_was_made():
+    # A fresh process in which no NpuFastCopyMode registered the interception kernels yet.
+    code = ("import torch\nfrom npu_dispatch.bench.suite import NullRoute\n"
+            "d, s = [torch.zeros(4)], [torch.ones(4)]\n"
+            "with NullRoute():\n    torch._foreach_copy_(d, s)\n"
+            "assert d[0].count_nonzero() == 0, d\n"
+            "torch._foreach_copy_(d, s)\nassert torch.equal(d[0], s[0])\nprint('ok')\n")
+    done = subprocess.run([sys.executable, "-c", code], env=suite.subprocess_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
-def test_null_route_copy_refuses_a_pair_the_lane_refuses():
-    if not npu_dispatch._native.available():
-        pytest.skip(f"native library not built: {npu_dispatch._native.status()[1]}")
-    a, b = torch.zeros(8), torch.ones(8)
-    with pytest.raises(ValueError, match="fast lane refuses"):
-        with suite.NullRoute((a[::2], b[::2])):
-            pass
-    assert torch._C._len_torch_dispatch_stack() == 0 and a.count_nonzero() == 0
-    module = npu_dispatch._native.module()
-    with pytest.raises(TypeError, match="mode_route_enter"):
-        module.mode_route_enter(suite.NullRoute(), True, a)
-    with pytest.raises(TypeError, match="only with probe"):
-        module.mode_route_enter(suite.NullRoute(), False, a, b)
-    assert torch._C._len_torch_dispatch_stack() == 0 and a.count_nonzero() == 0
+def test_no_null_route_where_the_interception_kernels_are_not_installed(monkeypatch):
+    # A torch the kernels are not tested on: the mode takes its Python path, and a probe scope
+    # would be read by no kernel (the stock call would copy), so there is no null route.
+    import npu_dispatch.mode
+
+    monkeypatch.setattr(npu_dispatch.mode, "_NO_INTERCEPTION", ["torch 9.9 is not among the versions tested"])
+    assert suite.null_route_refused() == (
+        "interception kernels not installed: torch 9.9 is not among the versions tested" if _NATIVE
+        else f"native library not loaded: {npu_dispatch._native.status()[1]}")
+    with pytest.raises(RuntimeError, match="no null route here"):
+        suite.NullRoute()
+    args = workloads.ForeachArgs([torch.zeros(3)], [torch.ones(3)])
+    assert [v.name for v in suite.variants(args)] == ["stock", "direct", "mode", "roofline"]
+    m = suite.metrics_of("foreach", {"stock": 8.0, "direct": 2.0, "mode": 4.0, "roofline": 1.0})
+    assert m["speedup_mode_ceiling"] is None and m["mode_vs_bound"] == 0.5
 
 
-def test_bound_column_shows_both_estimates():
-    from npu_dispatch.bench import report
+# What examples/fsdp_train.py --json prints (trimmed to what the suite reads, plus a few others).
+_EXAMPLE = {
+    "steps": 6, "world_size": 2, "device": "cpu", "losses_stock": [5.5], "losses_fast": [5.5],
+    "bitwise_equal": True, "grads_equal_every_step": True, "params_equal_every_step": True,
+    "step_seconds_stock": 0.05, "step_seconds_fast": 0.04, "step_speedup": 1.25, "timed_steps": 4,
+    "copy_ms_stock": {"aten::_foreach_copy_": 0.25, "fsdp::all_gather_copy_in": 0.5},
+    "copy_ms_fast": {"aten::_foreach_copy_": 0.0, "fsdp::all_gather_copy_in": 0.25},
+    "fast_path_calls": 126, "fallback_calls": 0,
+}
 
-    assert report._bounds({"efficiency_bound_hot": 0.77, "efficiency_bound_after_copy": 0.7}) == "0.77 / 0.70"
-    assert report._bounds({}) == "-"
+
+def test_example_metrics_parse_the_examples_json():
+    m = suite.example_metrics(_EXAMPLE)
+    assert m == {
+        "step_seconds_stock": 0.05, "step_seconds_fast": 0.04, "step_speedup": 0.05 / 0.04,
+        "copy_ms_stock": 0.75, "copy_ms_fast": 0.25, "copy_share_stock": 0.75 / 50.0,
+        "bitwise_equal": True, "grads_equal_every_step": True, "params_equal_every_step": True,
+    }
+    assert suite.example_metrics(dict(_EXAMPLE, params_equal_every_step=False))["params_equal_every_step"] is False
+
+
+def _fake_example(monkeypatch, answer: dict | None, returncode: int = 0) -> list:
+    """subprocess.run for the example: records each command, prints a noise line then ``answer``."""
+    calls = []
+
+    def fake_run(cmd, **kw):
+        calls.append(cmd)
+        out = "rank 0 says hello\n" + ("" if answer is None else json.dumps(answer) + "\n")
+        return subprocess.CompletedProcess(cmd, returncode, stdout=out)
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    return calls
+
+
+def test_fsdp_step_runs_the_example_once(monkeypatch):
+    (w,) = workloads.by_name(["fsdp_step"])
+    if not os.path.isfile(workloads.FSDP_EXAMPLE):
+        pytest.skip("no examples/ here (a wheel install)")
+    calls = _fake_example(monkeypatch, _EXAMPLE)
+    # Three worker processes asked for: the example starts its own, so it runs once, here.
+    row = workers.run_in_workers(w, suite.Config(1, 0.001, 1, quick=True), 3)
+    (cmd,) = calls
+    assert cmd[:2] == [sys.executable, workloads.FSDP_EXAMPLE]
+    assert cmd[2:] == ["--steps", "6", "--world-size", "2", "--json"]
+    assert row["kind"] == "example" and row["metrics"] == suite.example_metrics(_EXAMPLE)
+    assert row["command"] == "python examples/fsdp_train.py --steps 6 --world-size 2 --json"
+    assert (row["steps"], row["timed_steps"], row["fast_path_calls"]) == (6, 4, 126)
+    assert row["bitwise_equal"] == {"losses": True, "grads": True, "params": True}
+    assert row["checks"] == [{"target": "step_speedup >= 1", "metric": "step_speedup",
+                              "value": 0.05 / 0.04, "pass": True}] and row["pass"] is True
+    md = report.tables({"workloads": [row]})
+    assert "| fsdp_step | 4 of 6 | 50.0 | 40.0 | 1.25x | 0.75 / 0.25 | 1.5 % | yes, yes, yes | PASS |" in md
+
+    calls.clear()
+    row = suite.run_workload(w, suite.Config(1, 0.001, 1))  # a full run: 40 steps
+    assert calls[0][2:4] == ["--steps", "40"] and row["pass"] is True
+
+
+def test_fsdp_step_fails_when_slower_or_not_equal(monkeypatch):
+    (w,) = workloads.by_name(["fsdp_step"])
+    if not os.path.isfile(workloads.FSDP_EXAMPLE):
+        pytest.skip("no examples/ here (a wheel install)")
+    cfg = suite.Config(1, 0.001, 1, quick=True)
+    _fake_example(monkeypatch, dict(_EXAMPLE, step_seconds_fast=0.06))
+    row = suite.run_workload(w, cfg)
+    assert row["checks"][0]["pass"] is False and row["pass"] is False
+    assert "FAIL (step_speedup >= 1)" in report.tables({"workloads": [row]})
+    _fake_example(monkeypatch, dict(_EXAMPLE, grads_equal_every_step=False))
+    row = suite.run_workload(w, cfg)
+    assert row["checks"][0]["pass"] is True and row["pass"] is False
+    assert "| yes, NO, yes |" in report.tables({"workloads": [row]})
+    # A failed or silent example makes an error row, not a crash.
+    _fake_example(monkeypatch, _EXAMPLE, returncode=1)
+    assert suite.run_workload(w, cfg)["error"].startswith("example exited with 1")
+    _fake_example(monkeypatch, None)
+    assert "0 JSON lines" in suite.run_workload(w, cfg)["error"]
+    _fake_example(monkeypatch, {k: v for k, v in _EXAMPLE.items() if k != "copy_ms_stock"})
+    assert "KeyError" in suite.run_workload(w, cfg)["error"]
+
+
+def test_fsdp_step_is_skipped_without_the_example(monkeypatch, tmp_path):
+    (w,) = workloads.by_name(["fsdp_step"])
+    monkeypatch.setattr(workloads, "FSDP_EXAMPLE", str(tmp_path / "fsdp_train.py"))
+    calls = _fake_example(monkeypatch, _EXAMPLE)
+    row = suite.run_workload(w, suite.Config(1, 0.001, 1, quick=True))
+    assert calls == [] and "pass" not in row
+    assert row["skipped"].startswith("FileNotFoundError") and "fsdp_train.py" in row["skipped"]
+    assert "| fsdp_step | SKIP: FileNotFoundError" in report.tables({"workloads": [row]})
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch without distributed")
+def test_fsdp_step_reads_the_real_example():
+    # One step of the real example (2 gloo ranks): its JSON has every key the row reads.
+    (w,) = workloads.by_name(["fsdp_step"])
+    if not os.path.isfile(workloads.FSDP_EXAMPLE):
+        pytest.skip("no examples/ here (a wheel install)")
+    one = dataclasses.replace(w, build=lambda: dataclasses.replace(w.build(), quick_steps=1))
+    row = suite.run_workload(one, suite.Config(1, 0.001, 1, quick=True))
+    assert "error" not in row and row["steps"] == 1 and row["world_size"] == 2
+    m = row["metrics"]
+    assert m["step_seconds_stock"] > 0 and m["step_seconds_fast"] > 0
+    assert m["step_speedup"] == m["step_seconds_stock"] / m["step_seconds_fast"]
+    assert 0 < m["copy_share_stock"] < 1
+    assert row["bitwise_equal"] == {"losses": True, "grads": True, "params": True}
+    if _NATIVE:
+        assert row["fast_path_calls"] > 0 and row["fallback_calls"] == 0
 
 
 def test_timing_merge_is_the_median_of_the_processes_medians():
@@ -218,17 +337,16 @@ def test_worker_processes_merge_into_one_row(capsys):
     result = json.loads(capsys.readouterr().out)
     assert result["config"]["processes"] == 2 and result["config"]["rounds"] == 1
     (row,) = result["workloads"]
-    assert row["processes"] == 2 and row["bitwise_equal"] == {"direct": True, "mode": True, "mode_front": True}
+    assert row["processes"] == 2 and row["bitwise_equal"] == {"direct": True, "mode": True}
+    assert set(row["times_us"]) == {"stock", "direct", "mode", "roofline"} | ({"null_route"} if _ROUTE else set())
     for name, t in row["times_us"].items():
         assert len(t["round_medians_us"]) == 2 and t["blocks"] >= 2
         assert t["median_us"] == sum(row["process_medians_us"][name]) / 2
-    m = row["metrics"]
-    for key, value in m.items():
+    for pm, medians in zip(row["process_metrics"], zip(*[row["process_medians_us"][k] for k in row["times_us"]])):
+        assert pm == suite.metrics_of("foreach", dict(zip(row["times_us"], medians)))
+    for key, value in row["metrics"].items():
         per = [pm[key] for pm in row["process_metrics"]]
-        if key != "efficiency_bound":
-            assert value == (None if None in per else sum(per) / 2)
-    known = [b for b in (m["efficiency_bound_hot"], m["efficiency_bound_after_copy"]) if b]
-    assert m["efficiency_bound"] == (max(known) if known else None)
+        assert value == (None if None in per else sum(per) / 2)
     assert row["checks"] and row["launches"] >= 1
 
 
@@ -241,7 +359,6 @@ def test_processes_must_be_positive(capsys):
 def _fake_workers(monkeypatch, answers):
     """subprocess.run for workers.py: each call writes the next of ``answers`` (a row's
     bitwise verdicts and timed variants, or an exit status) to the worker's --result file."""
-    import subprocess
     import types
 
     answers = iter(answers)
@@ -260,23 +377,22 @@ def _fake_workers(monkeypatch, answers):
     monkeypatch.setattr(subprocess, "run", fake_run)
 
 
-_VARIANTS = ["stock", "direct", "mode", "bare_mode", "roofline"]
+_VARIANTS = ["stock", "direct", "mode", "roofline", "null_route"]
 
 
 def test_a_bitwise_miss_in_any_worker_fails_the_merged_row(monkeypatch):
-    from npu_dispatch.bench import workers
-
     (w,) = workloads.by_name(["adjacent"])
     answers = [({"direct": True, "mode": True}, _VARIANTS), ({"direct": True, "mode": False}, _VARIANTS)]
     _fake_workers(monkeypatch, answers)
     row = workers.run_in_workers(w, suite.Config(1, 0.001, 1), 2)
     assert row["bitwise_equal"] == {"direct": True, "mode": False} and row["pass"] is False
     assert row["times_us"]["direct"]["blocks"] == 2
+    # Every time 1 us: every ratio 1, so the mode target passes and the direct-op ones fail.
+    assert row["metrics"]["mode_vs_bound"] == 1.0
+    assert [c["pass"] for c in row["checks"]] == [False, True, True]
 
 
 def test_a_failed_or_inconsistent_worker_makes_an_error_row(monkeypatch):
-    from npu_dispatch.bench import report, workers
-
     (w,) = workloads.by_name(["adjacent"])
     cfg = suite.Config(1, 0.001, 1)
     _fake_workers(monkeypatch, [({"direct": True}, _VARIANTS), 3])
@@ -285,19 +401,10 @@ def test_a_failed_or_inconsistent_worker_makes_an_error_row(monkeypatch):
     _fake_workers(monkeypatch, [({"direct": True}, _VARIANTS), ({"direct": True}, _VARIANTS[:-1])])
     assert "different variants" in workers.run_in_workers(w, cfg, 2)["error"]
     result = {"workloads": [row], "config": {"rounds": 1, "processes": 2}}
-    assert "ERROR: process 2" in report.tables(result)
+    assert "| adjacent | ERROR: process 2" in report.tables(result)
 
 
-def test_merged_bound_is_the_higher_of_the_merged_estimates():
-    from npu_dispatch.bench import workers
-
-    # The hot estimate is the higher in one process, the after-copy one in the other: the
-    # merged bound is the higher of the two medians (0.8), not the median of each process's
-    # higher one (0.85), so it matches the "eff bound" column beside it.
-    per = [{"efficiency_bound_hot": 0.9, "efficiency_bound_after_copy": 0.6, "efficiency_bound": 0.9},
-           {"efficiency_bound_hot": 0.7, "efficiency_bound_after_copy": 0.8, "efficiency_bound": 0.8}]
-    m = workers._merged_metrics(per)
-    assert (m["efficiency_bound_hot"], m["efficiency_bound_after_copy"]) == (0.8, 0.7)
-    assert m["efficiency_bound"] == 0.8
-    per[1]["efficiency_bound_hot"] = None
-    assert workers._merged_metrics(per)["efficiency_bound_hot"] is None
+def test_merged_metrics_are_each_metrics_median():
+    per = [{"speedup_direct": 2.0, "speedup_mode_ceiling": 3.0},
+           {"speedup_direct": 4.0, "speedup_mode_ceiling": None}]
+    assert workers._merged_metrics(per) == {"speedup_direct": 3.0, "speedup_mode_ceiling": None}

@@ -437,3 +437,30 @@ def test_an_owned_op_of_an_unknown_schema_passes_through_counted():
     stats = mode.stats.as_dict()
     assert stats["fallback_reasons"] == {"schema": 1}
     assert stats["paths"]["stock"]["tensors"] == 2
+
+
+_UNTESTED_TORCH = r"""
+import torch, npu_dispatch as nd
+from npu_dispatch import mode as mode_module
+mode_module.TESTED_TORCH = ()  # as on a torch version CI has not run
+d, s = [torch.zeros(5, dtype=torch.bfloat16)], [torch.randn(5)]
+ref = [torch.zeros(5, dtype=torch.bfloat16)]
+torch._foreach_copy_(ref, s)
+with nd.NpuFastCopyMode() as m:
+    depth = torch._C._len_torch_dispatch_stack()
+    torch._foreach_copy_(d, s)
+assert depth == 1, depth  # the Python dispatch-mode path
+assert torch.equal(d[0].view(torch.int16), ref[0].view(torch.int16)) and d[0]._version == ref[0]._version
+assert m.stats.fast_path_calls == 1, m.stats.report()
+assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::_foreach_copy_", "BackendSelect")
+print("ok")
+"""
+
+
+def test_an_untested_torch_takes_the_python_mode_path_with_stocks_results():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _UNTESTED_TORCH], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+    assert "Python dispatch-mode path" in out.stderr

@@ -1,4 +1,4 @@
-"""``python -m npu_dispatch.bench``: the issue-3 benchmark suite (see ``--help``)."""
+"""``python -m npu_dispatch.bench``: the benchmark suite (see ``--help``)."""
 from __future__ import annotations
 
 import argparse
@@ -15,7 +15,7 @@ from .workloads import WORKLOADS, by_name
 # (worker processes per workload, rounds per process, seconds per variant per round); one
 # process means this one. Many short rounds rather than a few long ones: this host's memory
 # bandwidth moves in 20-200 ms windows, and in 0.25 s rounds moe_many's per-process efficiency
-# read 0.72 to 1.09 where 0.05 s rounds read 0.93 to 1.05 (docs/profile.md, "Short rounds").
+# read 0.72 to 1.09 where 0.05 s rounds read 0.93 to 1.05 (docs/notes/profile.md, "Short rounds").
 _FULL = (3, 10, 0.05)
 _QUICK = (1, 3, 0.02)
 
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> dict:
     """Run the selected workloads; returns the JSON-ready result."""
     processes, rounds, min_run_time = _QUICK if args.quick else _FULL
     processes = processes if args.processes is None else args.processes
-    cfg = suite.Config(args.rounds or rounds, args.min_run_time or min_run_time, args.threads)
+    cfg = suite.Config(args.rounds or rounds, args.min_run_time or min_run_time, args.threads, quick=args.quick)
     names = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
     workloads = by_name(names)
     log = lambda s: print(f"[bench] {s}", file=sys.stderr, flush=True)  # noqa: E731
@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(result, f, indent=1)
         chart = report.write_chart(result, os.path.join(args.out, "benchmarks.png"))
         if chart is None:
-            print("[bench] matplotlib missing: no chart (pip install 'npu-dispatch[bench]')", file=sys.stderr)
+            print("[bench] no chart: matplotlib missing (pip install 'npu-dispatch[bench]') or nothing timed",
+                  file=sys.stderr)
         report.write_markdown(result, os.path.join(args.out, "benchmarks.md"), chart)
     if args.json:
         print(json.dumps(result, indent=1))

@@ -1,9 +1,7 @@
-"""Renders suite results: a markdown table for stdout, ``benchmarks.md`` and a log-scale bar chart."""
+"""Renders suite results: markdown tables for stdout, ``benchmarks.md`` and a log-scale bar chart."""
 from __future__ import annotations
 
 import os
-
-from .suite import copy_floor
 
 __all__ = ["tables", "write_markdown", "write_chart"]
 
@@ -37,69 +35,77 @@ def _unmeasured(row: dict) -> str | None:
 def _verdict(row: dict) -> str:
     if _unmeasured(row):
         return _unmeasured(row).split(":")[0]
-    failed = [c["target"] + ("" if c.get("reachable", True) else " [beyond the estimated bound]")
-              for c in row["checks"] if not c["pass"]]
+    failed = [c["target"] for c in row["checks"] if not c["pass"]]
     if not all(row.get("bitwise_equal", {}).values()):
         failed.insert(0, "bitwise")
     return "PASS" if not failed else "FAIL (" + "; ".join(failed) + ")"
 
 
 def tables(result: dict) -> str:
-    """Copy table, dispatch-overhead table and per-target checks, as markdown (times in us)."""
-    rows = result["workloads"]
-    copy, disp, checks = [], [], []
-    for r in rows:
+    """Copy table, mode-overhead table, FSDP step table, unmeasured rows and per-target checks, as
+    markdown (times in us, step times in ms)."""
+    copy, disp, steps, missing, checks = [], [], [], [], []
+    for r in result["workloads"]:
         if _unmeasured(r):
-            copy.append([r["name"]] + ["-"] * 21 + [_unmeasured(r)])
+            missing.append([r["name"], _unmeasured(r)])
             continue
-        t = {k: v["median_us"] for k, v in r["times_us"].items()}
         m = r["metrics"]
-        if r["kind"] == "dispatch":
-            disp.append([r["name"], _us(t["no_mode"]), _us(t["bare_mode"]), _us(t["mode"]),
-                         _x(m["extra_us_vs_bare_mode"], " us"), _verdict(r)])
+        if r["kind"] == "example":
+            steps.append([
+                r["name"], f"{r['timed_steps']} of {r['steps']}", _ms(m["step_seconds_stock"]),
+                _ms(m["step_seconds_fast"]), _x(m["step_speedup"]),
+                f"{m['copy_ms_stock']:.2f} / {m['copy_ms_fast']:.2f}", _pct(m["copy_share_stock"]),
+                ", ".join("yes" if m[k] else "NO" for k in
+                          ("bitwise_equal", "grads_equal_every_step", "params_equal_every_step")),
+                _verdict(r),
+            ])
+        elif r["kind"] == "dispatch":
+            t = {k: v["median_us"] for k, v in r["times_us"].items()}
+            disp.append([r["name"], _us(t["no_mode"]), _us(t["mode"]), _us(t["debug_mode"]),
+                         _x(m["extra_us_vs_no_mode"], " us"), _x(m["debug_extra_us_vs_no_mode"], " us"),
+                         _verdict(r)])
         else:
+            t = {k: v["median_us"] for k, v in r["times_us"].items()}
             paths = ", ".join(f"{k} {v}" for k, v in r["paths"].items())
             bits = "yes" if all(r["bitwise_equal"].values()) else "NO " + str(r["bitwise_equal"])
             copy.append([
                 r["name"], str(r["pairs"]), f"{r['elements']:,}", _us(t["stock"]), _us(t["direct"]),
-                _us(t["mode"]), _us(t.get("mode_front")), _us(t["bare_mode"]), _us(t.get("null_mode")),
-                _us(t.get("null_route")), _us(t.get("null_route_copy")), _us(t["roofline"]),
-                _us(copy_floor(t)),
-                _x(m["speedup_direct"]), _x(m["speedup_mode"]), _x(m.get("speedup_mode_front")),
-                _x(m["speedup_mode_ceiling"]) + ("" if m.get("speedup_mode_estimate") is None
-                                                 else " / " + _x(m["speedup_mode_estimate"])),
-                _x(m["efficiency_direct"], ""), _x(m["efficiency_mode"], ""),
-                _bounds(m),
+                _us(t["mode"]), _us(t.get("null_route")), _us(t["roofline"]),
+                _x(m["speedup_direct"]), _x(m["speedup_mode"]), _x(m["speedup_mode_ceiling"]),
+                _x(m["mode_vs_bound"], ""), _x(m["efficiency_direct"], ""),
                 f"{r['launches']} ({paths})", bits, _verdict(r),
             ])
         for c in r["checks"]:
             unit = " us" if c["metric"].endswith("_us") else ""
-            ceiling = "-" if c.get("ceiling") is None else _x(c["ceiling"], unit) + (
-                "" if c["reachable"] else " (beyond)")
-            checks.append([r["name"], c["target"] + unit, _x(c["value"], unit), ceiling,
-                           "PASS" if c["pass"] else "FAIL"])
+            checks.append([r["name"], c["target"] + unit, _x(c["value"], unit), "PASS" if c["pass"] else "FAIL"])
     out = []
     if copy:
         out.append(_md(
-            ["workload", "pairs", "elements", "stock us", "direct us", "mode us", "mode front us", "bare mode us",
-             "null mode us", "null route us", "null route + copy us", "roofline us", "floor us", "stock/direct", "stock/mode",
-             "stock/mode front", "mode ceiling / estimate",
-             "eff direct", "eff mode", "eff bound (hot / after copy)", "launches (ours)", "bitwise = stock", "targets"],
+            ["workload", "pairs", "elements", "stock us", "direct us", "mode us", "null route us", "roofline us",
+             "stock/direct", "stock/mode", "ceiling", "mode / bound", "eff direct", "launches (ours)",
+             "bitwise = stock", "targets"],
             copy,
         ))
     if disp:
-        out.append(_md(["workload", "no mode us", "bare mode us", "NpuFastCopyMode us",
-                        "mode - bare", "targets"], disp))
+        out.append(_md(["workload", "no mode us", "NpuFastCopyMode() us", "NpuFastCopyMode(strict=True) us",
+                        "mode - no mode", "debug mode - no mode", "targets"], disp))
+    if steps:
+        out.append(_md(["workload", "timed steps", "stock step ms", "mode step ms", "stock/mode",
+                        "copy ms stock / mode", "copy share of stock step", "losses, grads, params equal",
+                        "targets"], steps))
+    if missing:
+        out.append(_md(["workload", "not measured"], missing))
     if checks:
-        out.append(_md(["workload", "target", "measured", "bound", "result"], checks))
+        out.append(_md(["workload", "target", "measured", "result"], checks))
     return "\n\n".join(out)
 
 
-def _bounds(m: dict) -> str:
-    hot, after = m.get("efficiency_bound_hot"), m.get("efficiency_bound_after_copy")
-    if hot is None and after is None:
-        return "-"
-    return f"{_x(hot, '')} / {_x(after, '')}"
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.1f}"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f} %"
 
 
 def _machine(result: dict) -> str:
@@ -128,69 +134,31 @@ def _method(c: dict) -> str:
     return f"{c['rounds']} interleaved rounds {timer}, median of all blocks"
 
 
-def rounds_table(result: dict) -> str:
-    """Per-round medians (us) of the direct op, the roofline and an empty parallel region: a VM's
-    drift shows as rounds that step together between levels; with worker processes, ``|``
-    separates the processes (each its own memory layout)."""
-    rows = []
-    per = result["config"]["rounds"] if result["config"].get("processes", 1) > 1 else None
-    for r in result["workloads"]:
-        t = r.get("times_us", {})
-        if "parallel_region" not in t:
-            continue
-        for name in ("direct", "roofline", "parallel_region"):
-            xs = [f"{x:.3g}" for x in t[name]["round_medians_us"]]
-            groups = [xs[k:k + per] for k in range(0, len(xs), per)] if per else [xs]
-            rows.append([r["name"], name.replace("_", " "), " \\| ".join(", ".join(g) for g in groups)])
-    return _md(["workload", "variant", "median of each round (us)"], rows) if rows else ""
+_LEGEND = (
+    "Generated by `python -m npu_dispatch.bench --out docs/`. Times are median microseconds per call. "
+    "*stock*: the stock op with no mode; *direct*: `npu_dispatch.foreach_copy_` / "
+    "`npu_dispatch.all_gather_copy_in`; *mode*: the stock call inside `NpuFastCopyMode()`; *null route*: "
+    "the stock call taken by the library's interception kernel and not copied (a probe scope; foreach "
+    "lists only), what stock's Python binding and the dispatcher cost before any kernel runs; "
+    "*roofline*: one flat `copy_` of as many elements, same dtypes, between two contiguous buffers. "
+    "*ceiling*: stock / null route, the most any route through the mode can gain; *mode / bound*: "
+    "stock/mode over the lower of stock/direct and the ceiling (over stock/direct alone where there "
+    "is no null route); *eff direct*: roofline / direct. Launches: from `NpuFastCopyMode.stats` for "
+    "one call (stock on CPU issues one `copy_` per pair). *mode_overhead*: an op the mode does not own, "
+    "with no mode, inside `NpuFastCopyMode()` and inside the debugging `NpuFastCopyMode(strict=True)` "
+    "(a Python dispatch mode). *fsdp_step*: one run of `examples/fsdp_train.py` (2 gloo ranks), stock "
+    "steps and steps under the mode interleaved, medians after the warm-up steps; copy ms: host time "
+    "of `aten::_foreach_copy_` + `fsdp::all_gather_copy_in` (profiler totals, children included) in "
+    "one profiled step of each; stock's `all_gather_copy_in` issues a `_foreach_copy_` that counts in "
+    "both, so the copy share of the stock step's median is an upper bound."
+)
 
 
 def write_markdown(result: dict, path: str, chart: str | None) -> None:
     """Write ``path`` (``benchmarks.md``): results, checks, machine, method and workloads."""
-    parts = [
-        "# npu_dispatch benchmarks",
-        "Generated by `python -m npu_dispatch.bench --out docs/`. Times are median microseconds per "
-        "call. *stock*: the stock op; *direct*: `npu_dispatch.foreach_copy_` / "
-        "`npu_dispatch.all_gather_copy_in`; *mode*: the stock call under `NpuFastCopyMode`; "
-        "*mode front*: the same under `NpuFastCopyMode(front=True)`, whose torch-function front "
-        "copies plain lists before dispatch (foreach lists only; a compiled function recompiles "
-        "once per mode state under it); "
-        "*bare mode*: the stock call under a do-nothing `TorchDispatchMode` (the floor of any dispatch "
-        "mode: the dispatcher boxes every tensor of the lists into Python); *null mode*: the stock "
-        "call delivered to a dispatch mode that returns without doing anything (the floor of a mode "
-        "that handles the op in Python); *null route*: the stock call taken by this library's "
-        "native dispatch route (csrc/mode_route.h, how `NpuFastCopyMode` copies plain lists) and "
-        "then not copied (the floor of a mode that handles it below the Python binding); *null route "
-        "+ copy*: the same, the route moving as many bytes as one flat copy between the roofline's "
-        "buffers instead, as it copies a call's bytes (no per-pair work; an estimate, not a bound, "
-        "of a routed call that copies: its bytes meet the caches differently); *mode ceiling*: stock / the faster of the null "
-        "mode and the null route, the best speed-up a dispatch mode can reach; *estimate*: stock / "
-        "(null route + copy + the per-pair work timed alone), an estimate of the best a dispatch mode "
-        "that copies exactly reaches; "
-        "*roofline*: one flat `copy_` of as many elements with the same dtypes between two contiguous "
-        "buffers; *floor*: the faster of the roofline and this library's kernel on the same flat "
-        "buffers, followed in the same timed statement by only the per-pair work any exact foreach "
-        "copy repeats beyond the bytes (read each tensor's address and size, bump each "
-        "destination's version counter, as stock does), its fixed call cost taken off. eff = "
-        "roofline / ours; eff bound: two estimates, from measurements, of the best efficiency an "
-        "exact foreach copy reaches here: roofline / (fastest flat copy + that per-pair work timed "
-        "alone, metadata hot in cache), and roofline / floor (the per-pair work right after the "
-        "copy, as a real call meets it). Estimates, not proofs. bound (checks): the higher of the "
-        "two for efficiency targets, the mode ceiling for targets through the mode (the estimate "
-        "is not read: a mode has come in under the null route + copy). Launches: from `NpuFastCopyMode.stats` for one call "
-        "(stock on CPU issues one `copy_` per pair).",
-        tables(result),
-    ]
+    parts = ["# npu_dispatch benchmarks", _LEGEND, tables(result)]
     if chart:
-        parts.append(f"![stock vs direct vs mode vs roofline]({os.path.basename(chart)})")
-    rounds = rounds_table(result)
-    if rounds:
-        parts += ["## Rounds", "Each round times every variant once, in a rotated order. *parallel region*: "
-                  "one empty parallel region on every torch thread (`region_probe`, "
-                  "csrc/python_entry.cpp), what starting and joining the threads cost in that round. "
-                  "With worker processes, `|` separates them: each process builds the workload anew, "
-                  "so its tensors sit elsewhere in memory (npu_dispatch/bench/workers.py).",
-                  rounds]
+        parts.append(f"![stock vs direct vs mode vs null route vs roofline]({os.path.basename(chart)})")
     parts += ["## Machine", _machine(result), "## Workloads",
               "\n".join(f"- `{r['name']}`: {r['description']}" for r in result["workloads"])]
     with open(path, "w") as f:
@@ -200,19 +168,16 @@ def write_markdown(result: dict, path: str, chart: str | None) -> None:
 _SERIES = (  # (label, variant name per kind)
     ("stock / no mode", {"copy": "stock", "dispatch": "no_mode"}),
     ("direct op", {"copy": "direct"}),
-    ("stock under NpuFastCopyMode", {"copy": "mode", "dispatch": "mode"}),
-    ("stock under NpuFastCopyMode(front=True)", {"copy": "mode_front"}),
+    ("inside NpuFastCopyMode()", {"copy": "mode", "dispatch": "mode"}),
+    ("null route (binding + dispatcher only)", {"copy": "null_route"}),
     ("roofline (one flat copy_)", {"copy": "roofline"}),
-    ("bare pass-through mode", {"copy": "bare_mode", "dispatch": "bare_mode"}),
-    ("null mode (delivery to Python only)", {"copy": "null_mode"}),
-    ("null route (delivery to the native route only)", {"copy": "null_route"}),
-    ("null route + one flat copy of the bytes", {"copy": "null_route_copy"}),
-    ("per-pair work alone (no copy)", {"copy": "pair_floor"}),
+    ("inside NpuFastCopyMode(strict=True)", {"dispatch": "debug_mode"}),
 )
 
 
 def write_chart(result: dict, path: str) -> str | None:
-    """Write a log-scale grouped bar chart to ``path`` (PNG); None if matplotlib is missing."""
+    """Write a log-scale grouped bar chart of the timed workloads to ``path`` (PNG); None if
+    matplotlib is missing or nothing was timed."""
     try:
         import matplotlib
 
@@ -220,7 +185,9 @@ def write_chart(result: dict, path: str) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    rows = [r for r in result["workloads"] if not _unmeasured(r)]
+    rows = [r for r in result["workloads"] if not _unmeasured(r) and "times_us" in r]
+    if not rows:
+        return None
     width = 0.8 / len(_SERIES)
     fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(rows)), 4.5))
     for k, (label, names) in enumerate(_SERIES):

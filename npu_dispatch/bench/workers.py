@@ -2,13 +2,13 @@
 
 Where a workload's tensors land in memory moves its small-copy timings: ``small_many``'s direct
 op read 9.6 to 11.2 us in five fresh processes and 12.3 to 17.5 us in four that had run
-``tiny_many`` first (its 400 tensors then fill the holes ``tiny_many`` left; docs/profile.md).
+``tiny_many`` first (its 400 tensors then fill the holes ``tiny_many`` left; docs/notes/profile.md).
 A single process measures one such layout, chosen by the workloads before it. So, as pyperf
 does, the suite runs each workload in several fresh processes, one after another (never at once:
 they would share the cores). Times are the median of the processes' medians
 (``timing.Timing.merge``); ratios and efficiencies are computed in each process, from its own
 interleaved times, and the median of those is reported. Rows keep each process's medians and
-metrics.
+metrics. A workload that starts its own processes (``once``: ``fsdp_step``) runs once, here.
 """
 from __future__ import annotations
 
@@ -29,14 +29,6 @@ __all__ = ["run_in_workers", "worker_main", "WORKER_TIMEOUT_S"]
 WORKER_TIMEOUT_S = 1800
 
 
-def _worker_env() -> dict:
-    # The worker imports the npu_dispatch this process runs, wherever the working directory is.
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    return env
-
-
 def _run_worker(w: Workload, cfg: suite.Config, first_round: int) -> dict:
     """One worker process's result; raises RuntimeError if it fails, times out or answers nothing."""
     with tempfile.TemporaryDirectory(prefix="npu_dispatch_bench_") as tmp:
@@ -45,7 +37,7 @@ def _run_worker(w: Workload, cfg: suite.Config, first_round: int) -> dict:
                "--rounds", str(cfg.rounds), "--min-run-time", repr(cfg.min_run_time),
                "--threads", str(cfg.threads), "--first-round", str(first_round), "--result", path]
         try:
-            done = subprocess.run(cmd, env=_worker_env(), timeout=WORKER_TIMEOUT_S)
+            done = subprocess.run(cmd, env=suite.subprocess_env(), timeout=WORKER_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"worker timed out after {WORKER_TIMEOUT_S} s") from None
         if done.returncode != 0:
@@ -63,19 +55,18 @@ def _median(values: list) -> float | None:
 
 
 def _merged_metrics(process_metrics: list[dict]) -> dict:
-    """Each metric's median over the processes; the bound the checks read is then the higher of
-    the two merged estimates, as in one process (suite.metrics_of)."""
-    metrics = {k: _median([m[k] for m in process_metrics]) for k in process_metrics[0]}
-    if "efficiency_bound" in metrics:
-        metrics["efficiency_bound"] = suite.efficiency_bound(metrics)
-    return metrics
+    """Each metric's median over the processes (None where any process lacks it)."""
+    return {k: _median([m[k] for m in process_metrics]) for k in process_metrics[0]}
 
 
 def run_in_workers(w: Workload, cfg: suite.Config, processes: int,
                    log: Callable[[str], None] = lambda s: None) -> dict:
     """Measure ``w`` in ``processes`` fresh processes, ``cfg.rounds`` rounds each (continuing the
     rotation of variants), and return its merged row. A worker that fails makes the row an error
-    (``{"name", "description", "error"}``, reported as ERROR) rather than ending the suite."""
+    (``{"name", "description", "error"}``, reported as ERROR) rather than ending the suite.
+    A ``once`` workload runs once in this process instead (:func:`suite.run_workload`)."""
+    if w.once:
+        return suite.run_workload(w, cfg, log)
     parts = []
     for p in range(processes):
         log(f"{w.name}: worker process {p + 1} of {processes}")
