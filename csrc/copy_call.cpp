@@ -83,7 +83,7 @@ std::vector<int64_t> plan_and_run(at::TensorList dsts, at::TensorList srcs, bool
     v[0] = kExecuted | kBumped;
     v[path_slot(kStock, 0)] = static_cast<int64_t>(dsts.size());
     v[path_slot(kStock, 2)] = static_cast<int64_t>(dsts.size());
-    v[reason_slot(Kind::ConjNeg)] = 1;
+    v[reason_slot(Kind::ConjNeg)] = static_cast<int64_t>(dsts.size());
     return v;
   }
   check_lists(dsts, srcs);

@@ -78,8 +78,7 @@ class Executor {
     int64_t bytes = 0;
     for (const auto& d : dsts_) bytes += dst_bytes(d);
     add(v_, kStock, p_.n, bytes, p_.n);
-    v_[reason_slot(p_.stock)] += 1;
-    for (const auto& f : p_.fallback) v_[reason_slot(f.kind)] += 1;  // as CopyStats.record counts
+    v_[reason_slot(p_.stock)] += p_.n;
   }
 
   void runs() {

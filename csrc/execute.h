@@ -11,8 +11,9 @@
 namespace npu_dispatch {
 
 // Count vector layout (npu_dispatch/_native_plan.py decodes it):
-//   [0] flags, then (tensors, bytes, launches) for each path in kPaths order, then one count per
-//   reason Kind (a whole-stock call counts its reason once, a fallback pair once each).
+//   [0] flags, then (tensors, bytes, launches) for each path in kPaths order, then per reason
+//   Kind the pairs that left the fast path for it (a whole-stock call: all its pairs, for its
+//   reason).
 enum Path : int { kCoalesced = 0, kForeach, kFallback, kStock, kEmpty, kNumPaths };
 constexpr int64_t kExecuted = 1;
 constexpr int64_t kBlocked = 2;  // strict: some pair would leave the fast path; nothing written

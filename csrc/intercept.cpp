@@ -113,7 +113,7 @@ void passthrough(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::j
     v[0] = kExecuted;
     v[path_slot(kStock, 0)] = pairs;
     v[path_slot(kStock, 2)] = pairs;
-    v[reason_slot(Kind::Schema)] = 1;
+    v[reason_slot(Kind::Schema)] = pairs;
     s->stats->record(counted_as(op.operator_name()), v, 0);
   }
   op.redispatchBoxed(ks & kAfterBackendSelect, stack);

@@ -27,8 +27,9 @@ class OpStats {
   OpStats();
   // `counts`: the count vector of execute.h for one executed call.
   void record(CountedOp op, const std::vector<int64_t>& counts, int64_t nanoseconds);
-  // [kNumCountedOps x (calls, fast_calls, fallback_calls, nanoseconds)]
-  // [kNumPaths x (calls, tensors, bytes, launches)] [kNumKinds reason counts]; then zeroed.
+  // Per counted op, in order: (calls, fast_calls, fallback_calls, nanoseconds), then per path
+  // (calls, pairs, bytes, launches), then per fallback reason (pairs, calls); then zeroed.
+  // npu_dispatch/_native.py fold_counters reads it.
   std::vector<int64_t> drain();
 
  private:

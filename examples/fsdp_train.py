@@ -92,13 +92,20 @@ def compare(stock, fast) -> tuple[bool, bool]:
 
 
 def profiled_copy_ms(fn) -> dict:
-    """Host ms in each FSDP2 copy op during ``fn()``, from torch.profiler (CPU activity)."""
+    """Host ms in each FSDP2 copy op during ``fn()``, from torch.profiler (CPU activity). A copy op
+    called inside another (stock's ``all_gather_copy_in`` issues a ``_foreach_copy_``) counts
+    only in the outer one, so the values add up to the copies' time."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         fn()
     totals = {op: 0.0 for op in COPY_OPS}
-    for evt in prof.key_averages():
-        if evt.key in totals:
-            totals[evt.key] += evt.cpu_time_total / 1e3
+    for evt in prof.events():
+        if evt.name not in totals:
+            continue
+        parent = evt.cpu_parent
+        while parent is not None and parent.name not in totals:
+            parent = parent.cpu_parent
+        if parent is None:
+            totals[evt.name] += evt.cpu_time_total / 1e3
     return totals
 
 

@@ -44,7 +44,7 @@ __all__ = ["load", "available", "status", "build", "module", "planned_op", "dire
 log = logging.getLogger("npu_dispatch")
 
 _BASE_NAME = "npu_dispatch_native"
-_ABI_VERSION = 9
+_ABI_VERSION = 10
 def _build_name(src: Path) -> str:
     """One cache entry per source tree and torch build: two checkouts (or venvs) sharing
     TORCH_EXTENSIONS_DIR would otherwise rebuild over each other on every load."""
@@ -309,16 +309,18 @@ def fold_counters(stats: "_stats.CopyStats", v) -> None:
     for op in _COUNTED_OPS:
         calls, fast, fallback, ns = v[pos:pos + 4]
         pos += 4
+        paths = {}
+        for p in _stats.PATHS:
+            if v[pos]:
+                paths[p] = tuple(v[pos:pos + 4])
+            pos += 4
+        fallbacks = {}
+        for kind in KINDS:
+            if v[pos]:
+                fallbacks[kind] = (v[pos], v[pos + 1])
+            pos += 2
         if calls:
-            stats.add_op_totals(op, calls, fast, fallback, ns * 1e-9)
-    paths = {}
-    for p in _stats.PATHS:
-        calls, tensors, nbytes, launches = v[pos:pos + 4]
-        pos += 4
-        if calls:
-            paths[p] = (calls, tensors, nbytes, launches)
-    reasons = {k: c for k, c in zip(KINDS, v[pos:pos + len(KINDS)]) if c}
-    stats.add_path_totals(paths, reasons)
+            stats.add_totals(op, calls, fast, fallback, ns * 1e-9, paths, fallbacks)
 
 
 def available() -> bool:

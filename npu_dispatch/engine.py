@@ -125,7 +125,7 @@ def foreach_copy(
     if planned is None:
         # No native library: the stock op, which gives stock's results, errors and bumps.
         _aten_foreach_copy_(list(dsts), list(srcs), non_blocking)
-        stats.record_passthrough(op, "no_native")
+        stats.record_passthrough(op, "no_native", len(dsts))
         return True
     start = time.perf_counter()
     if verify:

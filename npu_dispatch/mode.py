@@ -107,6 +107,12 @@ _AFTER_BACKEND_SELECT = torch._C._dispatch_keyset_full_after(torch._C.DispatchKe
 _KEEP_ALIVE: list = []
 
 
+def _pairs(args) -> int:
+    """The pairs of an owned op's call, for its stats: the length of its first list."""
+    first = args[0] if args else None
+    return len(first) if isinstance(first, (list, tuple)) else 1
+
+
 def _install_no_native_counters(ops) -> None:
     """Python kernels at BackendSelect for the owned ops, registered only where the native library
     is missing: inside an entered mode each call is counted (reason ``no_native``; ``strict``
@@ -127,7 +133,7 @@ def _install_no_native_counters(ops) -> None:
             if modes and not getattr(_local, "inside", False):
                 if modes[-1].strict:
                     raise engine.no_native_error(name)
-                modes[-1].stats.record_passthrough(name, "no_native")
+                modes[-1].stats.record_passthrough(name, "no_native", _pairs(args))
                 _local.inside = True  # fsdp's kernel calls _foreach_copy_: one count per call
                 try:
                     return op.redispatch(keyset & _AFTER_BACKEND_SELECT, *args, **kwargs)
@@ -206,15 +212,15 @@ class _DebugMode(TorchDispatchMode):
             return func(*args, **kwargs)
         _, handler, name = entry
         if handler is None:
-            self.stats.record_passthrough(name, "schema")
+            self.stats.record_passthrough(name, "schema", _pairs(args))
             return func(*args, **kwargs)
         if torch._C._len_torch_dispatch_stack() and _infra_mode_below():
             # make_fx's proxy mode (tracing_mode="real"), FakeTensorMode or functionalization sits
             # below every user mode and must see the op itself to record it.
-            self.stats.record_passthrough(name, "infra_mode")
+            self.stats.record_passthrough(name, "infra_mode", _pairs(args))
             return func(*args, **kwargs)
         if types and any(t is not torch.Tensor for t in types):
-            self.stats.record_passthrough(name, "subclass")
+            self.stats.record_passthrough(name, "subclass", _pairs(args))
             if all(t is torch.Tensor or is_traceable_wrapper_subclass_type(t) for t in types):
                 # A wrapper subclass (DTensor, TwoTensor...) unwraps itself; the plain-tensor
                 # copies it issues come back to this mode.

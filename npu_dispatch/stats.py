@@ -1,42 +1,54 @@
-"""Thread-safe counters of what the fast path did: per op, per path, and fallbacks by reason."""
+"""Thread-safe counters of what the fast path did, per op: calls, and per path and per fallback
+reason the pairs, bytes and launches."""
 from __future__ import annotations
 
 import collections
 import threading
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .plan import Plan
 
 __all__ = ["CopyStats", "PATHS", "global_stats", "add_drain"]
 
-# Order of rows in reports; "stock" is a whole call passed to the stock op.
+# Order of rows in reports. "stock": a whole call handed to the stock op; "fallback": pairs of a
+# call copied pair by pair by stock's copy_; "empty": zero-element pairs.
 PATHS = ("coalesced", "foreach", "fallback", "stock", "empty")
 _FAST = frozenset({"coalesced", "foreach"})
 
 
-class CopyStats:
-    """Counters for intercepted copy calls.
+class _Op:
+    """One op's counters."""
 
-    Per path (``PATHS``): ``calls`` (calls that used the path at least once), ``tensors`` (pairs),
-    ``bytes`` (destination bytes written), ``launches`` (device launches issued). Per op:
-    ``op_calls``, ``fast_calls`` (calls with at least one fast-path pair), ``fallback_calls``
-    (calls with at least one pair off the fast path), ``seconds`` (host wall time in the op).
-    ``fallback_reasons`` counts fallback pairs (or whole stock calls) by reason kind.
-    All updates hold one lock, so one instance can be shared by threads.
+    __slots__ = ("calls", "fast_calls", "fallback_calls", "seconds", "paths", "fallbacks")
+
+    def __init__(self) -> None:
+        self.calls = self.fast_calls = self.fallback_calls = 0
+        self.seconds = 0.0
+        self.paths = {p: [0, 0, 0, 0] for p in PATHS}  # calls, pairs, bytes, launches
+        self.fallbacks: dict[str, list[int]] = {}  # reason -> [pairs, calls]
+
+
+class CopyStats:
+    """Counters for intercepted copy calls, kept per op.
+
+    Per op: ``calls``, ``fast_calls`` (calls with at least one pair on the fast path),
+    ``fallback_calls`` (calls with at least one pair off it), ``seconds`` (host wall time in the
+    op); per path (``PATHS``): ``calls`` (calls that used it), ``pairs`` (tensor pairs),
+    ``bytes`` (destination bytes written), ``launches`` (device launches issued); per fallback
+    reason: ``pairs`` that left the fast path for it (a whole call handed to stock: all its pairs)
+    and ``calls`` in which it did. Totals over ops are the sums of the per-op rows.
+
+    All updates hold one lock, so one instance can be shared by threads. Counts kept in C++ (an
+    ``NpuFastCopyMode``'s interception kernels, the direct ops) are folded in before every read.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._sources: list = []
-        self.reset()
+        self._ops: dict[str, _Op] = {}
 
     def reset(self) -> None:
         """Zero every counter (counts a source still holds are dropped too)."""
         self._sync()
         with self._lock:
-            for name in _COUNTERS:
-                setattr(self, "_" + name, collections.Counter())
+            self._ops = {}
 
     def add_source(self, drain) -> None:
         """Register ``drain(stats)``, called before every read to fold in counts kept elsewhere
@@ -47,82 +59,139 @@ class CopyStats:
         for drain in list(self._sources):
             drain(self)
 
-    def record(self, op: str, plan: "Plan", counts: dict, seconds: float) -> None:
-        """Add one executed call. ``counts`` maps path -> (tensors, bytes, launches)."""
-        reasons: collections.Counter = collections.Counter()
-        if plan.stock_reason is not None:
-            reasons[plan.stock_reason[0]] += 1
-        for i in plan.fallback:
-            reasons[plan.reasons[i][0]] += 1
-        self.record_counts(op, counts, reasons, seconds)
+    def _op(self, op: str) -> _Op:
+        o = self._ops.get(op)
+        if o is None:
+            o = self._ops[op] = _Op()
+        return o
 
     def record_counts(self, op: str, counts: dict, reasons: dict, seconds: float) -> None:
-        """``record`` without a plan: ``reasons`` maps reason kind -> fallback pairs (a whole
-        stock call counts once). What the native path reports, in O(1)."""
+        """Add one executed call. ``counts`` maps path -> (pairs, bytes, launches); ``reasons``
+        maps reason -> pairs that left the fast path for it."""
         with self._lock:
-            self._op_calls[op] += 1
-            self._seconds[op] += seconds
-            for path, (tensors, nbytes, launches) in counts.items():
-                self._calls[path] += 1
-                self._tensors[path] += tensors
-                self._bytes[path] += nbytes
-                self._launches[path] += launches
+            o = self._op(op)
+            o.calls += 1
+            o.seconds += seconds
+            for path, (pairs, nbytes, launches) in counts.items():
+                row = o.paths[path]
+                row[0] += 1
+                row[1] += pairs
+                row[2] += nbytes
+                row[3] += launches
             if _FAST.intersection(counts):
-                self._fast_calls[op] += 1
+                o.fast_calls += 1
             if "fallback" in counts or "stock" in counts:
-                self._fallback_calls[op] += 1
-            self._fallback_reasons.update(reasons)
+                o.fallback_calls += 1
+            for kind, pairs in reasons.items():
+                row = o.fallbacks.setdefault(kind, [0, 0])
+                row[0] += pairs
+                row[1] += 1
 
-    def add_op_totals(self, op: str, calls: int, fast_calls: int, fallback_calls: int, seconds: float) -> None:
-        """Fold in per-op totals counted elsewhere (the C++ kernels of the direct ops)."""
-        with self._lock:
-            self._op_calls[op] += calls
-            self._fast_calls[op] += fast_calls
-            self._fallback_calls[op] += fallback_calls
-            self._seconds[op] += seconds
+    def record_passthrough(self, op: str, kind: str, pairs: int) -> None:
+        """A call handed to the stock op whole before planning (``no_native``, ``schema``...)."""
+        self.record_counts(op, {"stock": (pairs, 0, pairs)}, {kind: pairs}, 0.0)
 
-    def add_path_totals(self, paths: dict, reasons: dict) -> None:
-        """Fold in per-path totals: path -> (calls, tensors, bytes, launches), and reasons."""
+    def add_totals(self, op: str, calls: int, fast_calls: int, fallback_calls: int, seconds: float,
+                   paths: dict, fallbacks: dict) -> None:
+        """Fold in one op's totals counted elsewhere: ``paths`` maps path -> (calls, pairs,
+        bytes, launches), ``fallbacks`` reason -> (pairs, calls)."""
         with self._lock:
-            for path, (calls, tensors, nbytes, launches) in paths.items():
-                self._calls[path] += calls
-                self._tensors[path] += tensors
-                self._bytes[path] += nbytes
-                self._launches[path] += launches
-            self._fallback_reasons.update(reasons)
-
-    def record_passthrough(self, op: str, kind: str) -> None:
-        """A call handed to the stock op before planning (subclass, unsupported schema...)."""
-        with self._lock:
-            self._op_calls[op] += 1
-            self._calls["stock"] += 1
-            self._fallback_calls[op] += 1
-            self._fallback_reasons[kind] += 1
+            o = self._op(op)
+            o.calls += calls
+            o.fast_calls += fast_calls
+            o.fallback_calls += fallback_calls
+            o.seconds += seconds
+            for path, values in paths.items():
+                row = o.paths[path]
+                for k, v in enumerate(values):
+                    row[k] += v
+            for kind, (pairs, n) in fallbacks.items():
+                row = o.fallbacks.setdefault(kind, [0, 0])
+                row[0] += pairs
+                row[1] += n
 
     def as_dict(self) -> dict:
+        """The same data as :meth:`report`: ``ops`` (per op: calls, fast_calls, fallback_calls,
+        seconds, ``paths`` and ``fallbacks``), and their totals over ops: ``paths`` (path ->
+        calls, pairs, bytes, launches; ``tensors`` is ``pairs``), ``fallback_reasons`` (reason ->
+        pairs) and ``fallbacks`` (reason -> pairs, calls)."""
         self._sync()
         with self._lock:
-            return {
-                "paths": {
-                    p: {
-                        "calls": self._calls[p],
-                        "tensors": self._tensors[p],
-                        "bytes": self._bytes[p],
-                        "launches": self._launches[p],
-                    }
-                    for p in PATHS
-                },
-                "ops": {
-                    op: {
-                        "calls": self._op_calls[op],
-                        "fast_calls": self._fast_calls[op],
-                        "fallback_calls": self._fallback_calls[op],
-                        "seconds": self._seconds[op],
-                    }
-                    for op in sorted(self._op_calls)
-                },
-                "fallback_reasons": dict(self._fallback_reasons),
-            }
+            ops = {}
+            paths = {p: {"calls": 0, "pairs": 0, "tensors": 0, "bytes": 0, "launches": 0} for p in PATHS}
+            fallbacks: dict[str, dict] = {}
+            for name in sorted(self._ops):
+                o = self._ops[name]
+                op_paths = {p: {"calls": c, "pairs": n, "bytes": b, "launches": la}
+                            for p, (c, n, b, la) in o.paths.items() if c}
+                ops[name] = {"calls": o.calls, "fast_calls": o.fast_calls, "fallback_calls": o.fallback_calls,
+                             "seconds": o.seconds, "paths": op_paths,
+                             "fallbacks": {k: {"pairs": v[0], "calls": v[1]} for k, v in sorted(o.fallbacks.items())}}
+                for p, row in op_paths.items():
+                    for k in ("calls", "pairs", "bytes", "launches"):
+                        paths[p][k] += row[k]
+                    paths[p]["tensors"] = paths[p]["pairs"]
+                for k, (pairs, n) in o.fallbacks.items():
+                    total = fallbacks.setdefault(k, {"pairs": 0, "calls": 0})
+                    total["pairs"] += pairs
+                    total["calls"] += n
+            return {"ops": ops, "paths": paths, "fallback_reasons": {k: v["pairs"] for k, v in fallbacks.items()},
+                    "fallbacks": fallbacks}
+
+    def _by_op(self, field: str) -> collections.Counter:
+        d = self.as_dict()["ops"]
+        return collections.Counter({op: v[field] for op, v in d.items()})
+
+    def _by_path(self, field: str) -> collections.Counter:
+        d = self.as_dict()["paths"]
+        return collections.Counter({p: v[field] for p, v in d.items() if v[field]})
+
+    @property
+    def op_calls(self) -> collections.Counter:
+        """Calls per op."""
+        return self._by_op("calls")
+
+    @property
+    def fast_calls(self) -> collections.Counter:
+        """Calls per op with at least one pair on the fast path."""
+        return self._by_op("fast_calls")
+
+    @property
+    def fallback_calls(self) -> collections.Counter:
+        """Calls per op with at least one pair off the fast path."""
+        return self._by_op("fallback_calls")
+
+    @property
+    def seconds(self) -> collections.Counter:
+        """Host seconds per op."""
+        return self._by_op("seconds")
+
+    @property
+    def calls(self) -> collections.Counter:
+        """Calls per path, over ops."""
+        return self._by_path("calls")
+
+    @property
+    def tensors(self) -> collections.Counter:
+        """Pairs per path, over ops."""
+        return self._by_path("pairs")
+
+    pairs = tensors
+
+    @property
+    def bytes(self) -> collections.Counter:
+        """Destination bytes per path, over ops."""
+        return self._by_path("bytes")
+
+    @property
+    def launches(self) -> collections.Counter:
+        """Device launches per path, over ops."""
+        return self._by_path("launches")
+
+    @property
+    def fallback_reasons(self) -> collections.Counter:
+        """Pairs that left the fast path, per reason, over ops."""
+        return collections.Counter(self.as_dict()["fallback_reasons"])
 
     @property
     def fast_path_calls(self) -> int:
@@ -133,44 +202,38 @@ class CopyStats:
         return sum(self.fallback_calls.values())
 
     def report(self) -> str:
-        """A plain-text table of the counters (per op, per path, fallback reasons)."""
+        """Plain-text tables: per op and path (calls, pairs, bytes, launches) with each op's
+        calls and host time, a total row per column; then fallbacks per reason, in pairs and
+        calls."""
         d = self.as_dict()
-        out = [_table(
-            ["op", "calls", "fast calls", "fallback calls", "host ms"],
-            [[op, v["calls"], v["fast_calls"], v["fallback_calls"], f"{v['seconds'] * 1e3:.3f}"]
-             for op, v in d["ops"].items()],
-        ), ""]
-        out.append(_table(
-            ["path", "calls", "tensors", "bytes", "launches"],
-            [[p, v["calls"], v["tensors"], v["bytes"], v["launches"]] for p, v in d["paths"].items()],
-        ))
-        if d["fallback_reasons"]:
-            out += ["", _table(["fallback reason", "count"],
-                               sorted(map(list, d["fallback_reasons"].items())))]
+        rows = []
+        for op, v in d["ops"].items():
+            rows.append([op, "(all paths)", v["calls"], "", "", "", f"{v['seconds'] * 1e3:.3f}"])
+            for p in PATHS:
+                if p in v["paths"]:
+                    r = v["paths"][p]
+                    rows.append(["", p, r["calls"], r["pairs"], r["bytes"], r["launches"], ""])
+        total = d["paths"]
+        rows.append(["total", "(all paths)", sum(v["calls"] for v in d["ops"].values()),
+                     sum(r["pairs"] for r in total.values()), sum(r["bytes"] for r in total.values()),
+                     sum(r["launches"] for r in total.values()),
+                     f"{sum(v['seconds'] for v in d['ops'].values()) * 1e3:.3f}"])
+        out = [_table(["op", "path", "calls", "pairs", "bytes", "launches", "host ms"], rows)]
+        if d["fallbacks"]:
+            out += ["", _table(["fallback reason", "pairs", "calls"],
+                               [[k, v["pairs"], v["calls"]] for k, v in sorted(d["fallbacks"].items())])]
+        else:
+            out += ["", "no fallbacks: every pair took the fast path"]
         return "\n".join(out)
 
     def __repr__(self) -> str:
         return self.report()
 
 
-def _counter(name: str) -> property:
-    def get(self) -> collections.Counter:
-        self._sync()
-        return getattr(self, "_" + name)
-
-    return property(get, doc=f"``{name}`` counter (a ``collections.Counter``), current as of this read.")
-
-
-_COUNTERS = ("calls", "tensors", "bytes", "launches", "op_calls", "fast_calls", "fallback_calls", "seconds",
-             "fallback_reasons")
-for _name in _COUNTERS:
-    setattr(CopyStats, _name, _counter(_name))
-
-
 def _table(header: list[str], rows: list[list]) -> str:
     cells = [header] + [[str(c) for c in r] for r in rows]
     widths = [max(len(r[k]) for r in cells) for k in range(len(header))]
-    fmt = lambda r: "  ".join(c.ljust(w) if k == 0 else c.rjust(w) for k, (c, w) in enumerate(zip(r, widths)))
+    fmt = lambda r: "  ".join(c.ljust(w) if k < 2 else c.rjust(w) for k, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
     return "\n".join([fmt(cells[0]), "  ".join("-" * w for w in widths)] + [fmt(r) for r in cells[1:]])
 
 

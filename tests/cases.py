@@ -268,10 +268,8 @@ def plan_paths(make) -> tuple[dict, dict]:
     nbytes = lambda idx: sum(dsts[i].numel() * dsts[i].element_size() for i in idx)  # noqa: E731
     used = {}
     reasons = {}
-    for i in p.fallback:
-        reasons[p.reasons[i][0]] = reasons.get(p.reasons[i][0], 0) + 1
     if p.stock_reason is not None:
-        reasons[p.stock_reason[0]] = reasons.get(p.stock_reason[0], 0) + 1
+        reasons[p.stock_reason[0]] = p.n
         used["stock"] = (p.n, nbytes(range(p.n)), p.n)
     else:
         if p.runs:
@@ -282,10 +280,14 @@ def plan_paths(make) -> tuple[dict, dict]:
             used["foreach"] = (len(idx), nbytes(idx), sum(g.launches for g in p.groups))
         if p.fallback:
             used["fallback"] = (len(p.fallback), nbytes(p.fallback), p.fallback_launches)
+            for i in p.fallback:
+                reasons[p.reasons[i][0]] = reasons.get(p.reasons[i][0], 0) + 1
         if p.empty:
             used["empty"] = (len(p.empty), 0, 0)
-    paths = {k: {"calls": int(k in used), "tensors": used.get(k, (0, 0, 0))[0], "bytes": used.get(k, (0, 0, 0))[1],
-                 "launches": used.get(k, (0, 0, 0))[2]} for k in PATHS}
+    paths = {}
+    for k in PATHS:
+        pairs, nbytes_, launches = used.get(k, (0, 0, 0))
+        paths[k] = {"calls": int(k in used), "pairs": pairs, "tensors": pairs, "bytes": nbytes_, "launches": launches}
     return paths, reasons
 
 

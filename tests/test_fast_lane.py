@@ -207,8 +207,8 @@ def test_direct_lane_counts_in_global_stats():
     s = nd.global_stats().as_dict()
     assert s["ops"]["npu_dispatch.foreach_copy_"]["calls"] == 1
     assert s["ops"]["npu_dispatch.foreach_copy_"]["fast_calls"] == 1
-    assert s["paths"]["coalesced"] == {"calls": 1, "tensors": 2, "bytes": 40, "launches": 1}
-    assert s["paths"]["foreach"] == {"calls": 1, "tensors": 1, "bytes": 12, "launches": 1}
+    assert s["paths"]["coalesced"] == {"calls": 1, "pairs": 2, "tensors": 2, "bytes": 40, "launches": 1}
+    assert s["paths"]["foreach"] == {"calls": 1, "pairs": 1, "tensors": 1, "bytes": 12, "launches": 1}
 
 
 def test_direct_lane_steps_aside_for_a_mode():

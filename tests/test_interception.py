@@ -435,7 +435,7 @@ def test_an_owned_op_of_an_unknown_schema_passes_through_counted():
     assert torch.equal(r, out) and ran == [1]
     assert torch.equal(op([torch.zeros(1)], out), out) and ran == [1, 1]  # outside: uncounted
     stats = mode.stats.as_dict()
-    assert stats["fallback_reasons"] == {"schema": 1}
+    assert stats["fallbacks"] == {"schema": {"pairs": 2, "calls": 1}}
     assert stats["paths"]["stock"]["tensors"] == 2
 
 

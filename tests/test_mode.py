@@ -76,7 +76,7 @@ def test_fsdp_mixed_precision_copy_in_is_one_flat_copy_each():
     assert inp1.storage_offset() == inp0.storage_offset() == numel * rank
     assert out1._version == out0._version and flat1._version == flat0._version
     d = mode.stats.as_dict()
-    assert d["paths"]["coalesced"] == {"calls": 1, "tensors": 50, "bytes": 2 * numel, "launches": 1}
+    assert d["paths"]["coalesced"] == {"calls": 1, "pairs": 50, "tensors": 50, "bytes": 2 * numel, "launches": 1}
     assert d["paths"]["foreach"]["tensors"] == 50
     assert d["ops"]["fsdp.all_gather_copy_in"]["fast_calls"] == 1
     assert d["ops"]["aten._foreach_copy_"]["fast_calls"] == 1
@@ -176,7 +176,9 @@ def test_aliasing_at_other_indices_matches_sequential_loop():
     with mode:
         torch._foreach_copy_(d1, s1)
     assert torch.equal(x0, x1)  # [4,5,6,7,4,5,6,7]: the loop reads dst[0] after writing it
-    assert mode.stats.fallback_reasons["aliasing"] == 1
+    # Both pairs of the call stay on stock's loop: 2 pairs, 1 call.
+    assert mode.stats.fallback_reasons["aliasing"] == 2
+    assert mode.stats.as_dict()["fallbacks"] == {"aliasing": {"pairs": 2, "calls": 1}}
 
 
 def test_strict_raises_naming_the_reason_before_writing():
@@ -236,10 +238,20 @@ def test_report_is_a_readable_table():
     mode = nd.NpuFastCopyMode()
     with mode:
         torch._foreach_copy_([torch.zeros(4), torch.zeros(2, 2).t()], [torch.ones(4), torch.ones(2, 2)])
+        torch._foreach_copy_([torch.zeros(3)], [torch.ones(3)])
     text = mode.stats.report()
-    assert "aten._foreach_copy_" in text and "foreach" in text and "strides" in text
-    row = next(line for line in text.splitlines() if line.startswith("fallback "))
-    assert row.split()[1:3] == ["1", "1"]  # 1 call, 1 tensor on the fallback path
+    lines = text.splitlines()
+    assert lines[0].split() == ["op", "path", "calls", "pairs", "bytes", "launches", "host", "ms"]
+    op_row = next(line for line in lines if line.startswith("aten._foreach_copy_"))
+    assert op_row.split()[1:4] == ["(all", "paths)", "2"]  # 2 calls of the op
+    fallback = next(line.split() for line in lines if line.split()[:1] == ["fallback"])
+    assert fallback[1:5] == ["1", "1", "16", "1"]  # 1 call, 1 pair, 16 bytes, 1 launch
+    foreach = next(line.split() for line in lines if line.split()[:1] == ["foreach"])
+    assert foreach[1:4] == ["2", "2", "28"]  # the first call's 4 floats and the second's 3
+    total = next(line.split() for line in lines if line.startswith("total"))
+    assert total[3:6] == ["2", "3", "44"]  # calls, pairs and bytes add up
+    reason = next(line.split() for line in lines if line.startswith("strides"))
+    assert reason[1:] == ["1", "1"]  # 1 pair, in 1 call
 
 
 def test_profiler_shows_named_ranges():
@@ -510,3 +522,23 @@ def test_inference_tensor_destination_outside_inference_mode_raises_like_stock()
 
     _assert_parity(*_both(make))
     _assert_parity(*_both(make, lambda d, s: nd.foreach_copy_(d, s)))
+
+
+def test_stats_say_which_op_took_which_path_and_the_totals_add_up():
+    import torch.distributed.fsdp  # noqa: F401  registers fsdp::all_gather_copy_in
+
+    mode = nd.NpuFastCopyMode()
+    out = torch.zeros(2 * 10)
+    with mode:
+        torch._foreach_copy_([torch.zeros(3), torch.zeros(2, 2).t()], [torch.ones(3), torch.ones(2, 2)])
+        torch.ops.fsdp.all_gather_copy_in([torch.ones(4), torch.ones(6)], out, [4, 6], 10, 1)
+    d = mode.stats.as_dict()
+    foreach, copy_in = d["ops"]["aten._foreach_copy_"], d["ops"]["fsdp.all_gather_copy_in"]
+    assert foreach["paths"] == {"foreach": {"calls": 1, "pairs": 1, "bytes": 12, "launches": 1},
+                                "fallback": {"calls": 1, "pairs": 1, "bytes": 16, "launches": 1}}
+    assert foreach["fallbacks"] == {"strides": {"pairs": 1, "calls": 1}}
+    assert copy_in["paths"] == {"foreach": {"calls": 1, "pairs": 2, "bytes": 40, "launches": 1}}
+    assert copy_in["fallbacks"] == {}
+    for path, total in d["paths"].items():
+        assert total["pairs"] == sum(v["paths"].get(path, {}).get("pairs", 0) for v in d["ops"].values())
+    assert d["fallbacks"] == {"strides": {"pairs": 1, "calls": 1}}

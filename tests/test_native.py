@@ -285,11 +285,10 @@ def test_version_counters_and_inference_mode_match_stock():
 def _planned_counts(p):
     """Per path (tensors, launches) and the reasons, as the stats of the call would count them."""
     counts, reasons = {}, {}
-    for i in p.fallback:  # a whole-stock plan lists the pairs classified before its decision
+    if p.stock_reason is not None:  # every pair of the call, for its one reason
+        return {"stock": (p.n, p.n)}, {p.stock_reason[0]: p.n}
+    for i in p.fallback:
         reasons[p.reasons[i][0]] = reasons.get(p.reasons[i][0], 0) + 1
-    if p.stock_reason is not None:
-        reasons[p.stock_reason[0]] = reasons.get(p.stock_reason[0], 0) + 1
-        return {"stock": (p.n, p.n)}, reasons
     if p.runs:
         counts["coalesced"] = (sum(len(r.indices) for r in p.runs), len(p.runs))
     if p.groups:

