@@ -23,13 +23,6 @@ struct InsidePlanner {
   ~InsidePlanner() { --t_planner_depth; }
 };
 
-bool any_requires_grad(at::TensorList ts) {
-  for (const auto& t : ts) {
-    if (t.requires_grad()) return true;
-  }
-  return false;
-}
-
 // The fast lane over the whole list, one thread (calls through the dispatcher carry the binding's
 // work around the copy, and there the sharded lane's threads never gained: docs/notes/profile.md,
 // "The mode's dispatch route"). Empty where the lane refuses the call (nothing written).
@@ -60,6 +53,11 @@ std::vector<int64_t> lane_pass(at::TensorList dsts, at::TensorList srcs, bool bu
 
 bool inside_planner() { return t_planner_depth > 0; }
 
+void stock_foreach_copy(at::TensorList dsts, at::TensorList srcs, bool non_blocking) {
+  InsidePlanner inside;
+  at::_foreach_copy_(dsts, srcs, non_blocking);
+}
+
 bool stock_bumps(at::TensorList dsts) {
   if (!c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView)) return true;
   const auto caps = current_capabilities();
@@ -73,7 +71,7 @@ bool stock_bumps(at::TensorList dsts) {
 }
 
 std::vector<int64_t> plan_and_run(at::TensorList dsts, at::TensorList srcs, bool non_blocking,
-                                  bool strict, bool bump, bool defer_if_grad, int64_t serial_moved_bytes) {
+                                  bool strict, bool bump, int64_t serial_moved_bytes) {
   InsidePlanner inside;
   if (lazy_bit_dst(dsts) >= 0) {
     // Stock's dispatcher raises for such a list before checking it, so the stock op gives the
@@ -87,12 +85,6 @@ std::vector<int64_t> plan_and_run(at::TensorList dsts, at::TensorList srcs, bool
     return v;
   }
   check_lists(dsts, srcs);
-  if (defer_if_grad && c10::GradMode::is_enabled() &&
-      (any_requires_grad(dsts) || any_requires_grad(srcs))) {
-    std::vector<int64_t> deferred(kCountsLen, 0);
-    deferred[0] = kDeferred;
-    return deferred;
-  }
   std::vector<int64_t> counts = lane_pass(dsts, srcs, bump, serial_moved_bytes);
   if (!counts.empty()) return counts;  // all pairs fast: nothing for strict to block
   std::vector<uint8_t> self_bumped;

@@ -18,11 +18,9 @@ namespace npu_dispatch {
 // planner's first pass, then the full plan against the capability table in force, and executes
 // (nothing when `strict` finds a fallback). Copies are issued below ADInplaceOrView; with `bump`,
 // each listed destination's version counter then moves once, as stock's in-place kernel does.
-// Returns the count vector of execute.h. With `defer_if_grad`, nothing runs (flags kDeferred)
-// when grad mode is on and a tensor requires grad: the caller bypassed the dispatcher, whose
-// Autograd kernel must see such a call. While it runs, the thread is inside_planner().
+// Returns the count vector of execute.h. While it runs, the thread is inside_planner().
 std::vector<int64_t> plan_and_run(at::TensorList dsts, at::TensorList srcs, bool non_blocking,
-                                  bool strict, bool bump, bool defer_if_grad = false,
+                                  bool strict, bool bump,
                                   int64_t serial_moved_bytes = kDispatchedSerialMovedBytes);
 
 // FSDP2's all-gather copy-in, as torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py
@@ -36,6 +34,10 @@ std::tuple<at::Tensor, at::Tensor> all_gather_copy_in(at::TensorList inputs, con
 
 // The plan of plan.cpp encode_plan, against the table in force; nothing is written.
 std::vector<int64_t> plan_encoded(at::TensorList dsts, at::TensorList srcs);
+
+// Stock's _foreach_copy_ with the interception kernels stepping aside (as for the planner's own
+// stock calls): the debugging mode's reference for `verify`, inside an entered mode too.
+void stock_foreach_copy(at::TensorList dsts, at::TensorList srcs, bool non_blocking);
 
 // Whether this thread is inside plan_and_run: the stock ops it issues (a device's own batched
 // kernel, stock's per-pair loop) must reach the backends, not the interception kernels again.

@@ -12,7 +12,7 @@
 namespace npu_dispatch {
 namespace {
 
-// npu_dispatch/plan.py INFERENCE_WRITE_ERROR: stock's message, word for word.
+// Stock's message, word for word (autograd raises it; the executor runs below autograd).
 constexpr const char* kInferenceWriteError =
     "Inplace update to inference tensor outside InferenceMode is not allowed.You can make a clone "
     "to get a normal tensor before doing inplace update.See https://github.com/pytorch/rfcs/pull/17 "
@@ -40,7 +40,7 @@ const at::Tensor* probe(at::TensorList dsts) {
 
 int64_t version(const at::Tensor* t) { return t == nullptr ? 0 : t->_version(); }
 
-// Profiler ranges carry the Python executor's names; RECORD_FUNCTION is free with no profiler.
+// Profiler ranges npu_dispatch::<path>; RECORD_FUNCTION is free with no profiler.
 class Executor {
  public:
   Executor(const Plan& p, at::TensorList dsts, at::TensorList srcs, bool non_blocking,

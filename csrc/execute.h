@@ -17,7 +17,6 @@ namespace npu_dispatch {
 enum Path : int { kCoalesced = 0, kForeach, kFallback, kStock, kEmpty, kNumPaths };
 constexpr int64_t kExecuted = 1;
 constexpr int64_t kBlocked = 2;  // strict: some pair would leave the fast path; nothing written
-constexpr int64_t kDeferred = 4;  // autograd must see this copy: nothing done, go through the op
 constexpr int64_t kBumped = 8;  // the executor bumped the version counters itself (stock plans)
 constexpr int kCountsLen = 1 + 3 * kNumPaths + kNumKinds;
 

@@ -20,11 +20,28 @@ std::unordered_map<int64_t, std::shared_ptr<ModeScope>>& scopes() {
 }
 int64_t g_next_id = 1;
 
+// One entry of a scope on a thread's debug-info chain. An entry that could not be popped on exit
+// (something pushed after it, a profiler started in the block, is still on top) is marked exited
+// and stays, ignored, until it reaches the top again.
+struct ScopeEntry final : c10::DebugInfoBase {
+  std::shared_ptr<ModeScope> scope;
+  bool exited = false;  // written and read on its own thread only
+};
+
 struct Entry {
   int64_t id;
-  std::shared_ptr<c10::ThreadLocalDebugInfo> saved;
+  std::shared_ptr<ScopeEntry> entry;
 };
 thread_local std::vector<Entry> t_entries;
+
+// The entry on top of this thread's chain, if the top is of the scope kind.
+ScopeEntry* top_entry() {
+  try {
+    return static_cast<ScopeEntry*>(c10::ThreadLocalDebugInfo::_peek(kScopeKind).get());
+  } catch (const c10::Error&) {
+    return nullptr;  // empty chain, or another kind on top
+  }
+}
 
 std::shared_ptr<ModeScope> find(int64_t id) {
   std::lock_guard<std::mutex> g(g_mutex);
@@ -36,7 +53,8 @@ std::shared_ptr<ModeScope> find(int64_t id) {
 
 ModeScope* active_scope() {
   // Only the owned ops' kernels ask; the lookup walks this thread's short debug-info chain.
-  return static_cast<ModeScope*>(c10::ThreadLocalDebugInfo::get(kScopeKind));
+  auto* e = static_cast<ScopeEntry*>(c10::ThreadLocalDebugInfo::get(kScopeKind));
+  return e == nullptr || e->exited ? nullptr : e->scope.get();
 }
 
 int64_t scope_new(bool probe) {
@@ -56,15 +74,26 @@ void scope_free(int64_t id) {
 void scope_enter(int64_t id) {
   auto s = find(id);
   TORCH_CHECK(s != nullptr, "npu_dispatch: unknown mode scope ", id);
-  t_entries.push_back({id, c10::ThreadLocalDebugInfo::current()});
-  c10::ThreadLocalDebugInfo::_push(kScopeKind, std::move(s));
+  auto e = std::make_shared<ScopeEntry>();
+  e->scope = std::move(s);
+  c10::ThreadLocalDebugInfo::_push(kScopeKind, e);
+  t_entries.push_back({id, std::move(e)});
 }
 
 void scope_exit(int64_t id) {
   TORCH_CHECK(!t_entries.empty() && t_entries.back().id == id,
               "NpuFastCopyMode exited out of order: exit modes in the reverse order of entry, on the thread "
               "that entered them");
-  c10::ThreadLocalDebugInfo::_forceCurrentDebugInfo(std::move(t_entries.back().saved));
+  // Entries left behind by earlier exits come off first, once they are on top again.
+  for (ScopeEntry* top = top_entry(); top != nullptr && top->exited; top = top_entry()) {
+    c10::ThreadLocalDebugInfo::_pop(kScopeKind);
+  }
+  ScopeEntry* mine = t_entries.back().entry.get();
+  if (top_entry() == mine) {
+    c10::ThreadLocalDebugInfo::_pop(kScopeKind);
+  } else {
+    mine->exited = true;  // under something still pushed (a profiler started in the block)
+  }
   t_entries.pop_back();
 }
 

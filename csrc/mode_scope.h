@@ -15,7 +15,7 @@
 
 namespace npu_dispatch {
 
-struct ModeScope final : c10::DebugInfoBase {
+struct ModeScope {
   std::shared_ptr<OpStats> stats = std::make_shared<OpStats>();
   // The benchmark's floor (npu_dispatch/bench, NullRoute): the interception kernel takes every
   // call it would serve and does nothing, so what reaching it costs can be timed.
@@ -28,9 +28,10 @@ ModeScope* active_scope();
 // Scopes by id, one per NpuFastCopyMode object (Python holds the id).
 int64_t scope_new(bool probe);
 void scope_free(int64_t id);
-// Push / pop on the calling thread. Exits must mirror entries (RuntimeError otherwise); the
-// thread's debug info is restored to what it was at entry (a profiler started inside the block
-// pushes its own entry on top, so popping by kind would not be LIFO).
+// Push / pop on the calling thread. Exits must mirror entries (RuntimeError otherwise). An exit
+// pops its entry when it is on top of the thread's debug info; under something pushed since and
+// still there (a profiler started in the block) it marks it exited instead, and the entry comes
+// off at a later exit. Entries of other kinds are never touched, so the profiler keeps its state.
 void scope_enter(int64_t id);
 void scope_exit(int64_t id);
 // The scope's counters since the last drain (native_stats.h layout); empty for an unknown id.

@@ -1,5 +1,5 @@
-// Mirrors npu_dispatch/plan.py step by step: same checks in the same order, so the first failing
-// pair, the reason kinds and the runs/groups come out identical (tests/test_native.py compares).
+// The copy planner (plan.h): checks each pair in list order, so the first pair that sends a call
+// to stock is the one stock's own loop would meet first; explain() decodes what it builds.
 #include "plan.h"
 #include "storage_write.h"
 
@@ -29,7 +29,7 @@ c10::DispatchKeySet wrapper_keys() {
   return ks;
 }
 
-// plan.py sends tensors with a __torch_dispatch__ of their own (the Python key: DTensor,
+// Tensors with a __torch_dispatch__ of their own (the Python key: DTensor,
 // FakeTensor...) to stock; a Parameter or a __torch_function__-only subclass is a plain tensor.
 // Wrapper tensors (functional, batched, zero, nested) too: they have no raw memory to write, or
 // copy_ would change their metadata too.
@@ -50,7 +50,7 @@ bool addressable(const at::Tensor& t) {
   }
 }
 
-// plan.py _dense: contiguous in some dim order.
+// Dense: contiguous in some dim order.
 bool dense(const at::Tensor& t) {
   if (t.is_contiguous() || t.is_contiguous(at::MemoryFormat::ChannelsLast)) {
     return true;
@@ -123,7 +123,7 @@ bool in_one_storage(const at::Tensor& t, int64_t ptr, int64_t len) {
 }
 
 struct Interval {
-  int64_t rank;  // the device's position in str(device) order, as plan.py sorts by str(device)
+  int64_t rank;  // the device's position in str(device) order, sorted by str(device)
   int64_t start, end, index;
   bool is_dst;
   auto key() const { return std::make_tuple(rank, start, end, index, is_dst); }
@@ -142,7 +142,7 @@ class Planner {
   }
 
   Plan run() {
-    // plan.py: stock's dispatcher refuses a mutable list with a conjugate or negative view.
+    // Stock's dispatcher refuses a mutable list with a conjugate or negative view.
     const int64_t lazy = lazy_bit_dst(dsts_);
     if (lazy >= 0) return stock(Kind::ConjNeg, lazy, 0);
     int64_t whole_at = -1;
@@ -161,7 +161,7 @@ class Planner {
       const auto dd = d.device();
       const auto sd = s.device();
       if (dd.is_meta() || sd.is_meta()) return stock(Kind::Meta, i, 0);
-      // Storage-less strided tensors (lazy/XLA) cannot be addressed: plan.py would fail there.
+      // Storage-less strided tensors (lazy/XLA) cannot be addressed: they cannot be planned.
       if (!addressable(d)) return stock(Kind::Subclass, i, 2);
       if (!addressable(s)) return stock(Kind::Subclass, i, 3);
       if (!copy_dtype(d.scalar_type()) || !copy_dtype(s.scalar_type())) {
@@ -182,8 +182,8 @@ class Planner {
         return stock(Kind::OrderDependent, i, 0);
       }
       if (d.numel() == 0) {
-        // Stock's copy_ asks for even an empty destination's mutable pointer (plan.py
-        // _empty_write_refused); its loop takes a call where that raises or materializes.
+        // Stock's copy_ asks for even an empty destination's mutable pointer; its
+        // loop takes a call where that raises or materializes.
         if (!d.has_storage() || mutable_data_refused(d.storage())) return stock(Kind::MayRaise, i, 4);
         plan_.empty.push_back(i);
         continue;
@@ -193,7 +193,7 @@ class Planner {
       if (!pi.ddense && at::has_internal_overlap(d) == at::MemOverlap::Yes) {
         return stock(Kind::MayRaise, i, 1);
       }
-      // Addresses as they are now, as plan.py's const_data_ptr(): planning materializes no
+      // Addresses as they are now, as const_data_ptr() reads them: planning materializes no
       // copy-on-write destination (the copy will). Such a destination still shares memory with
       // its sibling, so the comparisons below see an overlap where the copy would not: stock's
       // loop then takes the call, which is never wrong.
@@ -221,7 +221,7 @@ class Planner {
   }
 
  private:
-  // Like plan.py, a whole-stock plan keeps the empty and fallback pairs found before the
+  // A whole-stock plan keeps the empty and fallback pairs found before the
   // decision (explain shows only the reason; the stats count those pairs' reasons too).
   Plan stock(Kind kind, int64_t a, int8_t sub, int64_t b = -1) {
     plan_.stock = kind;
@@ -231,7 +231,7 @@ class Planner {
     return std::move(plan_);
   }
 
-  // plan.py _whole_list_capability: the first whole_list_only device type among the tensors
+  // The first whole_list_only device type among the tensors
   // (dsts, then srcs), where every tensor is a plain strided one; `at` gets its pair index.
   const Capability* whole_list_capability(int64_t* at) {
     const Capability* found = nullptr;
@@ -250,7 +250,7 @@ class Planner {
     return found;
   }
 
-  // plan.py stock_batches: ATen foreach_tensor_copy_list_kernel_cuda_'s batched route.
+  // ATen foreach_tensor_copy_list_kernel_cuda_'s batched route.
   bool stock_batches() const {
     const auto dev = dsts_[0].device();
     const auto sdt = srcs_[0].scalar_type();
@@ -267,7 +267,7 @@ class Planner {
     return true;
   }
 
-  // plan.py _whole_list_plan: stock takes the call whole, as one foreach group of every pair
+  // Stock takes the call whole, as one foreach group of every pair
   // (empties included) where it batches the list, else as its per-pair copy_ loop.
   Plan whole_list(const Capability& cap, int64_t at) {
     if (!stock_batches()) return stock(Kind::WholeListRoute, at, 0);
@@ -328,7 +328,7 @@ class Planner {
     return false;
   }
 
-  // plan.py _first_overlap, to name the same pair: intervals sorted as plan.py sorts its tuples.
+  // The first overlap, named by a fixed order of the intervals.
   bool first_overlap() {
     if (!any_overlap()) return false;
     std::vector<Interval> intervals;
@@ -336,7 +336,7 @@ class Planner {
     intervals.insert(intervals.end(), dst_iv_.begin(), dst_iv_.end());
     intervals.insert(intervals.end(), src_iv_.begin(), src_iv_.end());
     if (devices_.size() > 1) {
-      // plan.py sorts by str(device); ranks so far are first-seen order.
+      // Sorted by str(device); ranks so far are first-seen order.
       std::vector<std::pair<std::string, int64_t>> names;
       for (size_t k = 0; k < devices_.size(); ++k) names.emplace_back(devices_[k].str(), k);
       std::sort(names.begin(), names.end());
@@ -431,7 +431,7 @@ class Planner {
     close_run(run, d_end, s_end, &singles);
 
     std::sort(singles.begin(), singles.end());
-    // Groups in order of first appearance, as plan.py's dict. Few keys: a linear scan, starting
+    // Groups in order of first appearance, as first seen. Few keys: a linear scan, starting
     // from the last key hit (neighbours usually share one).
     using Key = std::tuple<int, int, int, int>;
     std::vector<Key> keys;

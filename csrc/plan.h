@@ -27,7 +27,7 @@ enum class Kind : int8_t {
   ConjNeg,
   Dtype,
   NoCapability,
-  OrderDependent,  // whole call: a 0-dim conversion; stock's CPU copy reads its strides from stale stack (plan.py)
+  OrderDependent,  // whole call: a 0-dim conversion; stock's CPU copy reads its strides from stale stack (docs/stock_quirks.md)
   WholeListRoute,  // whole call: a whole_list_only device (CUDA) that stock copies pair by pair
   Schema,  // whole call: an intercepted op whose installed schema this library was not written for
   Count,
@@ -60,7 +60,7 @@ struct Plan {
   std::vector<Group> groups;
   std::vector<Fallback> fallback;  // sorted by index
   int64_t fallback_launches = 0;
-  // A whole_list_only device's list: its group goes to stock's op as it is (plan.py).
+  // A whole_list_only device's list: its group goes to stock's op as it is.
   bool whole_list = false;
 };
 
@@ -68,23 +68,23 @@ struct Plan {
 // Plans without touching data. Lists must be non-empty and of equal length (check first).
 Plan build_plan(at::TensorList dsts, at::TensorList srcs, const CapabilityTable& caps);
 
-// The int[] returned by npu_dispatch::_plan; decoded by npu_dispatch/_native_plan.py.
+// The plan as ints, for explain(): python_entry.cpp plan(); decoded by npu_dispatch/_native_plan.py.
 std::vector<int64_t> encode_plan(const Plan& p);
 
 void check_lists(at::TensorList dsts, at::TensorList srcs);
 
-// Whether the tensor has a version counter (plan.py _no_version_counter): false for an inference
+// Whether the tensor has a version counter: false for an inference
 // tensor and for one made in inference mode and given a normal tensor's `.data` (plain keys); true
 // for a normal tensor given an inference tensor's `.data` (is_inference() true).
 inline bool has_version_counter(const at::Tensor& t) {
   return t.unsafeGetTensorImpl()->version_counter().enabled();
 }
 
-// plan.py lazy_bit_dst: index of the first destination with a lazy conjugate or negative bit
+// Index of the first destination with a lazy conjugate or negative bit
 // (stock's dispatcher refuses such a mutable list before its kernel checks it), or -1.
 int64_t lazy_bit_dst(at::TensorList dsts);
 
-// plan.py _COPY_DTYPES: copy_ between these never raises; others (quantized, bits, float8...)
+// copy_ between these never raises; others (quantized, bits, float8...)
 // may raise midway, so the whole call stays on stock.
 bool copy_dtype(c10::ScalarType t);
 

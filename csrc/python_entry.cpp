@@ -82,13 +82,13 @@ PyObject* to_tuple(const std::vector<int64_t>& v) {
   return out;
 }
 
-// foreach_copy_planned(dsts, srcs, non_blocking, strict, bump: bool | None[, defer_if_grad])
+// foreach_copy_planned(dsts, srcs, non_blocking, strict, bump: bool | None)
 //   -> tuple of ints (execute.h)
 PyObject* foreach_copy_planned(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
-  if (nargs != 5 && nargs != 6) {
+  if (nargs != 5) {
     PyErr_SetString(PyExc_TypeError,
-                    "foreach_copy_planned(dsts, srcs, non_blocking, strict, bump[, defer_if_grad])");
+                    "foreach_copy_planned(dsts, srcs, non_blocking, strict, bump)");
     return nullptr;
   }
   PyRefs refs;
@@ -100,11 +100,10 @@ PyObject* foreach_copy_planned(PyObject* /*self*/, PyObject* const* args, Py_ssi
   const bool strict = PyObject_IsTrue(args[3]) == 1;
   // None: stock's rule for where the call is made (copy_call.h stock_bumps).
   const bool bump = args[4] == Py_None ? npu_dispatch::stock_bumps(dsts) : PyObject_IsTrue(args[4]) == 1;
-  const bool defer_if_grad = nargs == 6 && PyObject_IsTrue(args[5]) == 1;
   std::vector<int64_t> counts;
   {
     pybind11::gil_scoped_release no_gil;
-    counts = npu_dispatch::plan_and_run(dsts, srcs, non_blocking, strict, bump, defer_if_grad);
+    counts = npu_dispatch::plan_and_run(dsts, srcs, non_blocking, strict, bump);
   }
   return to_tuple(counts);
   END_HANDLE_TH_ERRORS
@@ -298,6 +297,23 @@ PyObject* install_passthrough(PyObject* /*self*/, PyObject* const* args, Py_ssiz
   END_HANDLE_TH_ERRORS
 }
 
+// stock_foreach_copy(dsts, srcs, non_blocking) -> None: stock's op, the interception kernels
+// stepping aside (copy_call.h).
+PyObject* stock_foreach_copy(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (!arity(nargs, 3, 3, "stock_foreach_copy(dsts, srcs, non_blocking)")) return nullptr;
+  PyRefs refs;
+  npu_dispatch::BorrowedTensors dsts, srcs;
+  if (!unpack(args[0], "dst", &refs, &dsts) || !unpack(args[1], "src", &refs, &srcs)) return nullptr;
+  const bool non_blocking = PyObject_IsTrue(args[2]) == 1;
+  {
+    pybind11::gil_scoped_release no_gil;
+    npu_dispatch::stock_foreach_copy(dsts, srcs, non_blocking);
+  }
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
 // info() -> tuple: ABI version, then the kernel's counters, fast / sharded lane calls, and the
 // bytes moved from which a pass streams (npu_dispatch/_native.py info()).
 PyObject* info(PyObject* /*self*/, PyObject* const* /*args*/, Py_ssize_t /*nargs*/) {
@@ -376,6 +392,8 @@ PyMethodDef methods[] = {
      "Register the interception kernels."},
     {"install_passthrough", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&install_passthrough)), METH_FASTCALL,
      "Count an owned op of an unknown schema."},
+    {"stock_foreach_copy", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&stock_foreach_copy)),
+     METH_FASTCALL, "Stock's _foreach_copy_, the interception kernels stepping aside."},
     {"info", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&info)), METH_FASTCALL,
      "ABI version and the kernel's counters."},
     {"self_check", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&self_check)), METH_FASTCALL,

@@ -14,7 +14,7 @@ from .plan import (Group, Plan, Run, _dt, _empty_write_text, _inference_text, _l
                    _whole_list_text, _zero_dim_cast_text)
 from .stats import PATHS
 
-__all__ = ["KINDS", "decode_plan", "decode_counts", "native_plan", "EXECUTED", "BLOCKED", "DEFERRED"]
+__all__ = ["KINDS", "decode_plan", "decode_counts", "native_plan", "EXECUTED", "BLOCKED"]
 
 # Order of csrc/plan.h ``Kind``.
 KINDS = (
@@ -25,7 +25,6 @@ KINDS = (
 # Flags in slot 0 of the count vector (csrc/execute.h).
 EXECUTED = 1
 BLOCKED = 2
-DEFERRED = 4  # grad-aware call that autograd must see: nothing done
 _FORMAT = 1
 _N_PATHS = len(PATHS)
 

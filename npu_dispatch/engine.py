@@ -17,25 +17,17 @@ import time
 from typing import Sequence
 
 import torch
-import torch.autograd.forward_ad as _fwad
 
 from . import _native
-from ._native_plan import BLOCKED, DEFERRED, decode_counts, native_plan
+from ._native_plan import BLOCKED, decode_counts, native_plan
 from .errors import FastCopyFallbackError, FastCopyMismatchError
 from .plan import Plan
 from .stats import CopyStats
 
-__all__ = ["busy", "recorded", "foreach_copy", "all_gather_copy_in", "no_native_error"]
+__all__ = ["busy", "foreach_copy", "all_gather_copy_in", "no_native_error"]
 
 _local = threading.local()
 _aten_foreach_copy_ = torch.ops.aten._foreach_copy_.default
-
-
-def recorded() -> bool:
-    """Whether a compiler, the JIT tracer or forward-mode AD must see the op itself: the direct op
-    steps aside then (the C++ gate of csrc/python_entry.cpp cannot see a compiler)."""
-    return (torch.compiler.is_compiling() or torch._C._get_tracing_state() is not None
-            or _fwad._current_level >= 0)
 
 
 def busy() -> bool:
@@ -82,7 +74,8 @@ def _reference(dsts) -> list[torch.Tensor]:
 def _verify(p: Plan, dsts, srcs, non_blocking, run) -> None:
     """Run stock on copies of the destinations, then ours, and compare every bit."""
     ref = _reference(dsts)
-    _aten_foreach_copy_(ref, srcs, non_blocking)
+    # Stock's op, which an entered NpuFastCopyMode's kernels would otherwise serve.
+    _native.module().stock_foreach_copy(ref, list(srcs), non_blocking)
     run()
     for i, (d, r) in enumerate(zip(dsts, ref)):
         if not torch.equal(_bits(d), _bits(r)):
@@ -103,17 +96,13 @@ def foreach_copy(
     strict: bool = False,
     verify: bool = False,
     bump: bool | None = True,
-    defer_if_grad: bool = False,
-) -> bool:
+) -> None:
     """``_foreach_copy_(dsts, srcs, non_blocking)`` through the C++ planner (csrc/copy_call.h).
 
     Bumps each listed destination's version counter once, as stock's in-place op does without
     a mode (``bump=False`` for the functional variant, whose fresh outputs stay at version 0;
     ``None``: stock's rule where the call is made, csrc/copy_call.h ``stock_bumps``).
 
-    ``defer_if_grad`` (callers that bypass the dispatcher): when grad mode is on and a tensor
-    requires grad, do nothing and return False, so the caller goes through the op, whose
-    Autograd kernel must see the copy. Returns True when the copy was done.
 
     Raises:
         RuntimeError: stock's list-level errors (before writing), or whatever stock raises for a
@@ -126,21 +115,18 @@ def foreach_copy(
         # No native library: the stock op, which gives stock's results, errors and bumps.
         _aten_foreach_copy_(list(dsts), list(srcs), non_blocking)
         stats.record_passthrough(op, "no_native", len(dsts))
-        return True
+        return
     start = time.perf_counter()
     if verify:
         counts, reasons = _native_verify(planned, dsts, srcs, non_blocking, op, strict, bump)
     else:
         # One C++ call: checks, plan, copies (below ADInplaceOrView) and the version bumps.
         with _inside():
-            v = planned(dsts, srcs, non_blocking, strict, bump, defer_if_grad)
+            v = planned(dsts, srcs, non_blocking, strict, bump)
         flags, counts, reasons = decode_counts(v)
-        if flags & DEFERRED:
-            return False
         if flags & BLOCKED:
             raise _strict_error(op, native_plan(dsts, srcs))
     stats.record_counts(op, counts, reasons, time.perf_counter() - start)
-    return True
 
 
 def _strict_error(op: str, p: Plan) -> FastCopyFallbackError:

@@ -22,8 +22,11 @@ def explain(self: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> Plan:
 
     Raises:
         RuntimeError: stock's list-level errors (empty lists, unequal lengths).
-        TypeError: an element of either list is not a Tensor.
+        TypeError: an argument is not a list or tuple, or an element is not a Tensor.
     """
+    for name, value in (("self", self), ("src", src)):
+        if type(value) not in (list, tuple):
+            raise TypeError(f"explain(): argument '{name}' must be a list or tuple of Tensors, not {type(value).__name__}")
     self, src = list(self), list(src)
     check_lists(self, src)
     for name, ts in (("self", self), ("src", src)):

@@ -39,11 +39,10 @@ def _fsdp_op():
     return op, None
 
 
-# Filled on the first NpuFastCopyMode(): finding the FSDP op imports FSDP (about a second), which
-# `import npu_dispatch` should not pay. id(op) -> (op, handler or None where the op only passes
-# through, "namespace.name"): the debugging mode's table (OpOverload hashes cost ~150 ns in Python).
+# Filled on the first NpuFastCopyMode(): finding the FSDP op imports FSDP, which `import
+# npu_dispatch` should not pay. id(op) -> (op, handler or None where the op only passes through,
+# "namespace.name"): the debugging mode's table, keyed by id because OpOverload hashes in Python.
 _TABLE: dict = {}
-_FSDP_WHY: list = []  # why fsdp.all_gather_copy_in passes through, if it does
 # Why the interception kernels are not used in this process (empty: they are), set by _install.
 _NO_INTERCEPTION: list = []
 
@@ -84,7 +83,6 @@ def _install() -> None:
     elif fsdp is not None:
         log.warning("npu_dispatch: passing fsdp.all_gather_copy_in through to stock: %s", why)
         entries[fsdp] = None
-        _FSDP_WHY.append(why)
     module = _native.module()
     refused = _interception_refused() if module is not None else None
     if refused is not None:
@@ -102,7 +100,14 @@ def _install() -> None:
 
 # ---- without the native library: count, and leave every call to stock ---------------------------
 
-_local = threading.local()  # .modes: the NpuFastCopyModes entered on this thread without the library
+_local = threading.local()  # .modes: the NpuFastCopyModes entered on this thread, innermost last
+
+
+def _entered() -> list:
+    modes = getattr(_local, "modes", None)
+    if modes is None:
+        modes = _local.modes = []
+    return modes
 _AFTER_BACKEND_SELECT = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.BackendSelect)
 _KEEP_ALIVE: list = []
 
@@ -207,8 +212,11 @@ class _DebugMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         entry = _TABLE.get(id(func))
         kwargs = kwargs or {}
-        if entry is None or engine.busy():
-            # Not owned, or a stock call issued by the engine of a mode nested inside this one.
+        modes = getattr(_local, "modes", None)
+        if entry is None or engine.busy() or (modes and modes[-1] is not self.owner):
+            # Not owned, a stock call issued by the engine of a mode nested inside this one, or a
+            # call of a default mode entered inside this one on this thread (its kernels serve it
+            # below). On threads that entered no mode (autograd's) this mode handles it.
             return func(*args, **kwargs)
         _, handler, name = entry
         if handler is None:
@@ -227,6 +235,11 @@ class _DebugMode(TorchDispatchMode):
                 return NotImplemented
             return func(*args, **kwargs)
         return handler(self, name, args, kwargs)
+
+
+def _free_scope(module, scope: int, stats: CopyStats) -> None:
+    _native.fold_counters(stats, module.scope_drain(scope))
+    module.scope_free(scope)
 
 
 class NpuFastCopyMode:
@@ -280,7 +293,9 @@ class NpuFastCopyMode:
 
     def _attach(self, module) -> None:
         scope = self._scope
-        weakref.finalize(self, module.scope_free, scope)
+        # Counts still in C++ reach the stats before the scope goes, even when the mode object
+        # is dropped while its stats live on.
+        weakref.finalize(self, _free_scope, module, scope, self.stats)
 
         def drain(stats, module=module, scope=scope):
             _native.fold_counters(stats, module.scope_drain(scope))
@@ -300,29 +315,26 @@ class NpuFastCopyMode:
         elif self._native is None:
             # Nothing to plan or verify: stock runs every owned op (counted) and no Python mode
             # is pushed.
-            if not hasattr(_local, "modes"):
-                _local.modes = []
-            _local.modes.append(self)
             self._entries.append("counted")
         else:
             debug = _DebugMode(self)
             debug.__enter__()
             self._entries.append(debug)
+        _entered().append(self)
         return self
 
     def __exit__(self, exc_type, exc_value, traceback):
         if not self._entries:
             raise RuntimeError("NpuFastCopyMode exited more often than it was entered")
+        modes = _entered()
+        if not modes or modes[-1] is not self:
+            raise RuntimeError("NpuFastCopyMode exited out of order: exit modes in the reverse order of entry, "
+                               "on the thread that entered them")
         entry = self._entries[-1]
         if entry == "scope":
             self._native.scope_exit(self._scope)
-        elif entry == "counted":
-            modes = getattr(_local, "modes", [])
-            if not modes or modes[-1] is not self:
-                raise RuntimeError("NpuFastCopyMode exited out of order: exit modes in the reverse order of entry, "
-                                   "on the thread that entered them")
-            modes.pop()
-        else:
+        elif entry != "counted":
             entry.__exit__(exc_type, exc_value, traceback)
         self._entries.pop()
+        modes.pop()
         return False

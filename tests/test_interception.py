@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import threading
 import warnings
+from typing import List
 
 import pytest
 import torch
@@ -307,6 +308,55 @@ def test_a_profiler_started_inside_the_block_keeps_working():
     assert served(mode) == 2
 
 
+def test_a_profiler_started_in_the_block_and_stopped_after_it_keeps_its_events():
+    mode = nd.NpuFastCopyMode()
+    prof = torch.profiler.profile()
+    with mode:
+        prof.start()
+        torch._foreach_copy_(*singles())
+    torch.add(torch.ones(2), 1)  # after the block, still profiled
+    prof.stop()
+    names = {e.name for e in prof.events()}
+    assert {"aten::_foreach_copy_", "aten::add"} <= names
+    torch._foreach_copy_(*singles())  # outside: stock, uncounted
+    with mode:  # and the mode still serves
+        torch._foreach_copy_(*singles())
+    assert served(mode) == 2
+
+
+def test_verify_inside_a_default_mode_compares_with_stock():
+    outer = nd.NpuFastCopyMode()
+    with outer, nd.NpuFastCopyMode(verify=True) as inner:
+        torch._foreach_copy_(*singles())
+    # The reference stock copy is stock's: the outer mode's kernels did not serve it.
+    assert served(outer) == 0 and served(inner) == 1
+
+
+def test_a_default_mode_inside_a_strict_one_is_not_strict():
+    d = [torch.zeros(3), torch.zeros(2, 2).t()]
+    s = [torch.ones(3), torch.ones(2, 2)]
+    with nd.NpuFastCopyMode(strict=True) as outer:
+        with nd.NpuFastCopyMode() as inner:
+            torch._foreach_copy_(d, s)  # a fallback pair: strict would raise
+        with pytest.raises(nd.FastCopyFallbackError):
+            torch._foreach_copy_(d, s)
+    assert served(inner) == 1 and served(outer) == 0
+
+
+def test_stats_outlive_the_mode_object():
+    def block():
+        mode = nd.NpuFastCopyMode()
+        with mode:
+            torch._foreach_copy_(*singles())
+        return mode.stats
+
+    stats = block()
+    import gc
+
+    gc.collect()
+    assert stats.op_calls["aten._foreach_copy_"] == 1
+
+
 def test_nested_entries_count_in_the_innermost_mode_and_exits_restore_the_outer():
     outer, inner = nd.NpuFastCopyMode(), nd.NpuFastCopyMode()
     with outer:
@@ -347,24 +397,28 @@ def test_a_thread_started_in_the_block_copies_as_stock():
     assert mode.stats.as_dict()["ops"] == {}
 
 
-def test_work_pytorch_runs_for_the_block_on_other_threads_is_served():
-    # at::launch (torch.jit.fork) copies the caller's thread-local state, the scope included, as
-    # the autograd engine does for its device threads.
+@torch.jit.script
+def _scripted_copy(d: List[torch.Tensor], s: List[torch.Tensor]) -> int:
+    torch._foreach_copy_(d, s)
+    return 1
+
+
+@torch.jit.script
+def _scripted_fork(d: List[torch.Tensor], s: List[torch.Tensor]) -> int:
+    return torch.jit.wait(torch.jit.fork(_scripted_copy, d, s))
+
+
+def test_work_pytorch_launches_for_the_block_is_served():
+    # TorchScript's fork runs on the inter-op pool through at::launch, which carries the caller's
+    # thread-local state (the scope with it), as the autograd engine does for its device threads.
     mode = nd.NpuFastCopyMode()
     d, s = singles()
-
-    def work(d, s):
-        torch._foreach_copy_(d, s)
-        return threading.get_ident()
-
     with mode:
-        fut = torch.jit.fork(work, d, s)
-        ident = torch.jit.wait(fut)
+        _scripted_fork(d, s)
     assert served(mode) == 1
     ref_d, ref_s = singles()
     torch._foreach_copy_(ref_d, ref_s)
     assert all(torch.equal(bits(x), bits(y)) for x, y in zip(d, ref_d))
-    assert isinstance(ident, int)
 
 
 def test_backward_run_in_the_block_is_served():

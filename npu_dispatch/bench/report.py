@@ -148,9 +148,8 @@ _LEGEND = (
     "with no mode, inside `NpuFastCopyMode()` and inside the debugging `NpuFastCopyMode(strict=True)` "
     "(a Python dispatch mode). *fsdp_step*: one run of `examples/fsdp_train.py` (2 gloo ranks), stock "
     "steps and steps under the mode interleaved, medians after the warm-up steps; copy ms: host time "
-    "of `aten::_foreach_copy_` + `fsdp::all_gather_copy_in` (profiler totals, children included) in "
-    "one profiled step of each; stock's `all_gather_copy_in` issues a `_foreach_copy_` that counts in "
-    "both, so the copy share of the stock step's median is an upper bound."
+    "of `aten::_foreach_copy_` + `fsdp::all_gather_copy_in` (profiler totals, children included; a "
+    "copy op inside another counts once) in one profiled step of each."
 )
 
 
