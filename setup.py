@@ -44,7 +44,7 @@ def _extension():
         leaves the package without it (the first use says why)."""
 
         def build_extension(self, ext):
-            _say(f"building the C++ extension for torch {torch.__version__} (a minute or two on 2 cores)")
+            _say(f"building the C++ extension for torch {torch.__version__}")
             try:
                 super().build_extension(ext)
             except Exception as e:  # noqa: BLE001  reported, and the install goes on

@@ -231,9 +231,9 @@ def _first_use_build(src: Path, verbose: bool):
     cached = Path(cpp_extension._get_build_directory(name, verbose=False)) / f"{name}.so"
     fresh = not cached.is_file()
     if fresh:
-        print(f"npu_dispatch: building the C++ extension for torch {torch.__version__} now (first use; a "
-              "minute or two on 2 cores; `pip install --no-build-isolation .` builds it at install, "
-              "`python -m npu_dispatch build` ahead of time)", file=sys.stderr, flush=True)
+        print(f"npu_dispatch: building the C++ extension for torch {torch.__version__} now (first use; "
+              "`pip install --no-build-isolation .` builds it at install, `python -m npu_dispatch build` "
+              "ahead of time)", file=sys.stderr, flush=True)
     omp_cflags, omp_ldflags = _build.openmp_flags(torch)
     start = time.perf_counter()
     module = cpp_extension.load(

@@ -128,14 +128,12 @@ def foreach_copy_(
         self = list(_tensor_list("foreach_copy_", "self", 0, self))
     if type(src) is not list:
         src = list(_tensor_list("foreach_copy_", "src", 1, src))
-    # The fast lane (csrc/fast_lane.h) checks in C++ that no dispatch or torch function mode would
-    # see the op, that no extra dispatch key is on (the JIT tracer's is) and that no tensor
-    # requires grad; a compiler recording this function, or forward-mode AD, takes the op below
-    # instead. These lines are the whole Python cost of a call the lane takes, so
-    # they read the loaded entry directly and check only what C++ cannot see.
+    # The direct entry's gate (csrc/python_entry.cpp unobserved(): modes, forward AD, extra
+    # dispatch keys such as the JIT tracer's) and the fast lane's checks (requires_grad...) run in
+    # C++; a compiler recording this function is the one thing C++ cannot see. These lines are the
+    # whole Python cost of a call the lane takes, so they read the loaded entry directly.
     direct = _native._direct if _native._direct is not None else _native.direct_op()
-    if (direct is not None and _fwad._current_level < 0 and not torch.compiler.is_compiling()
-            and direct(self, src, non_blocking)):
+    if direct is not None and not torch.compiler.is_compiling() and direct(self, src, non_blocking):
         return self
     # The lane refused the call: now (off the fast path) check each element as the binding does.
     _check_elements(self, 0)

@@ -138,56 +138,6 @@ class CopyStats:
             return {"ops": ops, "paths": paths, "fallback_reasons": {k: v["pairs"] for k, v in fallbacks.items()},
                     "fallbacks": fallbacks}
 
-    def _by_op(self, field: str) -> collections.Counter:
-        d = self.as_dict()["ops"]
-        return collections.Counter({op: v[field] for op, v in d.items()})
-
-    def _by_path(self, field: str) -> collections.Counter:
-        d = self.as_dict()["paths"]
-        return collections.Counter({p: v[field] for p, v in d.items() if v[field]})
-
-    @property
-    def op_calls(self) -> collections.Counter:
-        """Calls per op."""
-        return self._by_op("calls")
-
-    @property
-    def fast_calls(self) -> collections.Counter:
-        """Calls per op with at least one pair on the fast path."""
-        return self._by_op("fast_calls")
-
-    @property
-    def fallback_calls(self) -> collections.Counter:
-        """Calls per op with at least one pair off the fast path."""
-        return self._by_op("fallback_calls")
-
-    @property
-    def seconds(self) -> collections.Counter:
-        """Host seconds per op."""
-        return self._by_op("seconds")
-
-    @property
-    def calls(self) -> collections.Counter:
-        """Calls per path, over ops."""
-        return self._by_path("calls")
-
-    @property
-    def tensors(self) -> collections.Counter:
-        """Pairs per path, over ops."""
-        return self._by_path("pairs")
-
-    pairs = tensors
-
-    @property
-    def bytes(self) -> collections.Counter:
-        """Destination bytes per path, over ops."""
-        return self._by_path("bytes")
-
-    @property
-    def launches(self) -> collections.Counter:
-        """Device launches per path, over ops."""
-        return self._by_path("launches")
-
     @property
     def fallback_reasons(self) -> collections.Counter:
         """Pairs that left the fast path, per reason, over ops."""
@@ -228,6 +178,30 @@ class CopyStats:
 
     def __repr__(self) -> str:
         return self.report()
+
+
+def _by_op(field: str, doc: str) -> property:
+    def get(self) -> collections.Counter:
+        return collections.Counter({op: v[field] for op, v in self.as_dict()["ops"].items()})
+
+    return property(get, doc=doc)
+
+
+def _by_path(field: str, doc: str) -> property:
+    def get(self) -> collections.Counter:
+        return collections.Counter({p: v[field] for p, v in self.as_dict()["paths"].items() if v[field]})
+
+    return property(get, doc=doc)
+
+
+CopyStats.op_calls = _by_op("calls", "Calls per op.")
+CopyStats.fast_calls = _by_op("fast_calls", "Calls per op with at least one pair on the fast path.")
+CopyStats.fallback_calls = _by_op("fallback_calls", "Calls per op with at least one pair off the fast path.")
+CopyStats.seconds = _by_op("seconds", "Host seconds per op.")
+CopyStats.calls = _by_path("calls", "Calls per path, over ops.")
+CopyStats.tensors = CopyStats.pairs = _by_path("pairs", "Pairs per path, over ops.")
+CopyStats.bytes = _by_path("bytes", "Destination bytes per path, over ops.")
+CopyStats.launches = _by_path("launches", "Device launches per path, over ops.")
 
 
 def _table(header: list[str], rows: list[list]) -> str:
