@@ -54,7 +54,11 @@ void set_capabilities(
     const int64_t flags = next();
     cap.present = (flags & 1) != 0;
     cap.whole_list = (flags & 2) != 0;
+    cap.host_pass = (flags & 4) != 0;
+    cap.batched_transfers = (flags & 8) != 0;
+    cap.batched_keeps_versions = (flags & 16) != 0;
     cap.max_per_launch = next();
+    cap.stage_bytes = next();
     const int64_t n_pairs = next();
     for (int64_t k = 0; k < n_pairs; ++k) {
       const int s = dtype_at(next());

@@ -21,7 +21,15 @@ struct Capability {
   bool present = false;  // false: the device type has no fast path ("no_capability")
   // Exact only where stock's op itself uses the kernel, on a whole list (capabilities.py).
   bool whole_list = false;
+  bool host_pass = false;  // a host pass that copies the coalesced runs too: keep every run
+  // The device's _foreach_copy_ sends a uniform host<->device list as one batched memcpy.
+  bool batched_transfers = false;
+  // The device's batched routes move no version counter (op-plugin calls no increment_version
+  // there); its per-tensor route moves each destination's once, through copy_.
+  bool batched_keeps_versions = false;
   int64_t max_per_launch = 0;  // 0: one launch per tensor (a host loop)
+  // Scratch bytes one staged chunk may allocate (plan.h, Stage); 0: never stage.
+  int64_t stage_bytes = 0;
   std::bitset<kNumDtypes * kNumDtypes> pairs;  // (src, dst); same-dtype copies on the diagonal
 
   bool supports(c10::ScalarType src, c10::ScalarType dst) const {
@@ -44,7 +52,8 @@ struct CapabilityTable {
 std::shared_ptr<const CapabilityTable> current_capabilities();
 
 // Wire format (see npu_dispatch/_native.py, push_capabilities): per device type name, in order:
-//   flags (1 present, 2 whole_list), max_per_launch, n_pairs, then n_pairs (src, dst) indices
+//   flags (1 present, 2 whole_list, 4 host_pass, 8 batched_transfers, 16 batched_keeps_versions),
+//   max_per_launch, stage_bytes, n_pairs, then n_pairs (src, dst) indices
 //   into `dtypes`.
 // Names this build cannot parse into a DeviceType (an unregistered "npu") are skipped.
 void set_capabilities(

@@ -3,10 +3,12 @@
 #include <ATen/ops/_foreach_copy.h>
 #include <ATen/ops/as_strided.h>
 #include <ATen/ops/copy.h>
+#include <ATen/ops/empty.h>
 #include <ATen/record_function.h>
 #include <c10/core/InferenceMode.h>
 
 #include "borrowed.h"
+#include "capability_table.h"
 #include "cpu_copy_kernel.h"
 
 namespace npu_dispatch {
@@ -17,6 +19,16 @@ constexpr const char* kInferenceWriteError =
     "Inplace update to inference tensor outside InferenceMode is not allowed.You can make a clone "
     "to get a normal tensor before doing inplace update.See https://github.com/pytorch/rfcs/pull/17 "
     "for more details.";
+
+std::vector<int64_t> contiguous_strides(c10::IntArrayRef sizes) {
+  std::vector<int64_t> strides(sizes.size());
+  int64_t step = 1;
+  for (size_t k = sizes.size(); k-- > 0;) {
+    strides[k] = step;
+    step *= std::max<int64_t>(sizes[k], 1);
+  }
+  return strides;
+}
 
 int64_t dst_bytes(const at::Tensor& t) {
   return t.numel() * static_cast<int64_t>(t.element_size());
@@ -44,8 +56,8 @@ int64_t version(const at::Tensor* t) { return t == nullptr ? 0 : t->_version(); 
 class Executor {
  public:
   Executor(const Plan& p, at::TensorList dsts, at::TensorList srcs, bool non_blocking,
-           std::vector<int64_t>& v, std::vector<uint8_t>* self_bumped)
-      : p_(p), dsts_(dsts), srcs_(srcs), non_blocking_(non_blocking), v_(v), self_bumped_(self_bumped) {}
+           std::vector<int64_t>& v, std::vector<uint8_t>* self_bumped, const std::vector<uint8_t>& kept)
+      : p_(p), dsts_(dsts), srcs_(srcs), non_blocking_(non_blocking), v_(v), self_bumped_(self_bumped), kept_(kept) {}
 
   // Aliasing, a pair that may raise, a 0-dim conversion, meta tensors, a whole_list_only device's
   // list stock does not batch: stock's per-pair route, a sequential copy_ loop,
@@ -62,7 +74,7 @@ class Executor {
         // Stock's version bump raises this, after the write; the executor runs below it. Where
         // stock bumps nothing (below ADInplaceOrView), it raises nothing either.
         TORCH_CHECK(!(bump && outside_inference && !has_version_counter(d)), kInferenceWriteError);
-        if (bump && stock_bumps_pair(d, srcs_[i], !outside_inference)) d.unsafeGetTensorImpl()->bump_version();
+        if (bump && !kept(i) && stock_bumps_pair(d, srcs_[i], !outside_inference)) d.unsafeGetTensorImpl()->bump_version();
       }
     } else {
       const at::Tensor* t = probe(dsts_);
@@ -71,7 +83,7 @@ class Executor {
       if (bump && version(t) == before) {
         const bool in_inference = c10::InferenceMode::is_enabled();
         for (size_t i = 0; i < dsts_.size(); ++i) {
-          if (stock_bumps_pair(dsts_[i], srcs_[i], in_inference)) dsts_[i].unsafeGetTensorImpl()->bump_version();
+          if (!kept(i) && stock_bumps_pair(dsts_[i], srcs_[i], in_inference)) dsts_[i].unsafeGetTensorImpl()->bump_version();
         }
       }
     }
@@ -126,6 +138,48 @@ class Executor {
     }
   }
 
+  // Staged casts (plan.h, Stage): the device's batched same-dtype copy into scratch, then a flat
+  // cast; the cast is elementwise, so each element gets the conversion stock's copy_ gives it.
+  void stages() {
+    RECORD_FUNCTION("npu_dispatch::staged", std::vector<c10::IValue>());
+    for (const auto& st : p_.stages) {
+      const int64_t* members = p_.stage_members.data() + st.begin;
+      const int64_t count = st.end - st.begin;
+      const auto& d0 = dsts_[members[0]];
+      const auto scratch = at::empty({st.numel}, srcs_[members[0]].options());
+      std::vector<at::Tensor> views, picked;
+      views.reserve(count);
+      picked.reserve(count);
+      int64_t off = 0, bytes = 0;
+      for (int64_t k = 0; k < count; ++k) {
+        const auto& s = srcs_[members[k]];
+        views.push_back(scratch.as_strided(s.sizes(), contiguous_strides(s.sizes()), off));
+        picked.push_back(s);
+        off += s.numel();
+        bytes += dst_bytes(dsts_[members[k]]);
+      }
+      at::_foreach_copy_(views, picked, non_blocking_);
+      if (st.adjacent) {
+        auto flat = d0.as_strided({st.numel}, {1}, d0.storage_offset());
+        flat.copy_(scratch, non_blocking_);
+      } else {
+        auto cast = at::empty({st.numel}, d0.options());
+        cast.copy_(scratch, non_blocking_);
+        views.clear();
+        picked.clear();
+        off = 0;
+        for (int64_t k = 0; k < count; ++k) {
+          const auto& d = dsts_[members[k]];
+          views.push_back(cast.as_strided(d.sizes(), contiguous_strides(d.sizes()), off));
+          picked.push_back(d);
+          off += d.numel();
+        }
+        at::_foreach_copy_(picked, views, non_blocking_);
+      }
+      add(v_, kStaged, count, bytes, st.launches);
+    }
+  }
+
   // The CPU runs and groups of the call, in one pass.
   void cpu_kernel() {
     if (batch_.empty()) return;
@@ -149,6 +203,8 @@ class Executor {
   }
 
  private:
+  bool kept(size_t i) const { return !kept_.empty() && kept_[i]; }
+
   // Sub-lists borrow: the caller's lists hold the references for the whole call.
   void stock_pairs(const int64_t* members, int64_t count) {
     sub_d_.clear();
@@ -170,6 +226,7 @@ class Executor {
   bool non_blocking_;
   std::vector<int64_t>& v_;
   std::vector<uint8_t>* self_bumped_;
+  const std::vector<uint8_t>& kept_;  // stock_keeps_version: counters stock's own op leaves unmoved
   CpuCopyBatch batch_;
   BorrowedTensors sub_d_, sub_s_;
 };
@@ -185,7 +242,11 @@ std::vector<int64_t> execute(const Plan& p, at::TensorList dsts, at::TensorList 
   }
   v[0] = kExecuted;
   self_bumped->assign(dsts.size(), 0);
-  Executor ex(p, dsts, srcs, non_blocking, v, self_bumped);
+  const std::vector<uint8_t> kept = bump ? stock_keeps_version(dsts, srcs, *current_capabilities())
+                                         : std::vector<uint8_t>();
+  // The caller bumps none of the pairs stock leaves alone.
+  for (size_t i = 0; i < kept.size(); ++i) (*self_bumped)[i] |= kept[i];
+  Executor ex(p, dsts, srcs, non_blocking, v, self_bumped, kept);
   if (p.stock != Kind::None) {
     ex.stock(bump);
     v[0] |= kBumped;
@@ -193,6 +254,7 @@ std::vector<int64_t> execute(const Plan& p, at::TensorList dsts, at::TensorList 
   }
   if (!p.runs.empty()) ex.runs();
   if (!p.groups.empty()) ex.groups();
+  if (!p.stages.empty()) ex.stages();
   ex.cpu_kernel();
   if (!p.fallback.empty()) ex.fallback();
   if (!p.empty.empty()) add(v, kEmpty, static_cast<int64_t>(p.empty.size()), 0, 0);

@@ -14,7 +14,7 @@ namespace npu_dispatch {
 //   [0] flags, then (tensors, bytes, launches) for each path in kPaths order, then per reason
 //   Kind the pairs that left the fast path for it (a whole-stock call: all its pairs, for its
 //   reason).
-enum Path : int { kCoalesced = 0, kForeach, kFallback, kStock, kEmpty, kNumPaths };
+enum Path : int { kCoalesced = 0, kForeach, kFallback, kStock, kEmpty, kStaged, kNumPaths };
 constexpr int64_t kExecuted = 1;
 constexpr int64_t kBlocked = 2;  // strict: some pair would leave the fast path; nothing written
 constexpr int64_t kBumped = 8;  // the executor bumped the version counters itself (stock plans)

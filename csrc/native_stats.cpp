@@ -22,7 +22,7 @@ void OpStats::record(CountedOp op, const std::vector<int64_t>& v, int64_t nanose
   int64_t* o = acc_.data() + op * kOpLen;
   o[0] += 1;
   const auto used = [&](Path p) { return v[path_slot(p, 0)] != 0; };
-  o[1] += (used(kCoalesced) || used(kForeach)) ? 1 : 0;
+  o[1] += (used(kCoalesced) || used(kForeach) || used(kStaged)) ? 1 : 0;
   o[2] += (used(kFallback) || used(kStock)) ? 1 : 0;
   o[3] += nanoseconds;
   int64_t* paths = o + 4;

@@ -4,6 +4,7 @@
 #include "storage_write.h"
 
 #include <ATen/MemoryOverlap.h>
+#include <ATen/native/ForeachUtils.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
@@ -216,6 +217,10 @@ class Planner {
       return std::move(plan_);
     }
     coalesce_and_group(fast);
+    if (nothing_fast_on_batching_device()) {
+      const auto f = plan_.fallback.front();
+      return stock(f.kind, f.index, f.sub);
+    }
     plan_.fallback_launches = static_cast<int64_t>(plan_.fallback.size());
     return std::move(plan_);
   }
@@ -380,7 +385,17 @@ class Planner {
     return false;
   }
 
+  using Key = std::tuple<int, int, int, int>;  // device type, device index, src dtype, dst dtype
+
+  Key key_of(int64_t i) const {
+    const auto dev = dsts_[i].device();
+    return {static_cast<int>(dev.type()), dev.index(), static_cast<int>(srcs_[i].scalar_type()),
+            static_cast<int>(dsts_[i].scalar_type())};
+  }
+
+  // A candidate run: kept when it stays inside one storage on both sides.
   void close_run(const std::vector<int64_t>& run, int64_t d_end, int64_t s_end,
+                 std::vector<std::vector<int64_t>>* runs, std::vector<int64_t>* numels,
                  std::vector<int64_t>* singles) {
     if (run.size() > 1) {
       const auto& d0 = dsts_[run[0]];
@@ -389,18 +404,127 @@ class Planner {
       const int64_t nd = d_end - p0.dptr;
       const int64_t ns = s_end - p0.sptr;
       if (in_one_storage(d0, p0.dptr, nd) && in_one_storage(s0, p0.sptr, ns)) {
-        const auto begin = static_cast<int64_t>(plan_.run_members.size());
-        plan_.run_members.insert(plan_.run_members.end(), run.begin(), run.end());
-        plan_.runs.push_back({begin, static_cast<int64_t>(plan_.run_members.size()),
-                              nd / static_cast<int64_t>(d0.element_size())});
+        runs->push_back(run);
+        numels->push_back(nd / static_cast<int64_t>(d0.element_size()));
         return;
       }
     }
     singles->insert(singles->end(), run.begin(), run.end());
   }
 
+  // On a device whose kernel batches many pairs a launch, a run costs one launch where its pairs
+  // might ride along in a launch their group makes anyway: per (device, dtypes) key, keep the
+  // largest runs only while that issues fewer launches (ties keep the flat copy).
+  void dissolve_runs(std::vector<std::vector<int64_t>>* runs, std::vector<int64_t>* numels,
+                     std::vector<int64_t>* singles) {
+    std::vector<Key> keys;
+    for (const auto& r : *runs) {
+      const Key k = key_of(r[0]);
+      if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+    }
+    std::vector<uint8_t> drop(runs->size(), 0);
+    for (const Key& k : keys) {
+      const Capability* cap = caps_.get(static_cast<c10::DeviceType>(std::get<0>(k)));
+      if (cap == nullptr || cap->max_per_launch == 0 || cap->host_pass ||
+          !cap->supports(static_cast<c10::ScalarType>(std::get<2>(k)), static_cast<c10::ScalarType>(std::get<3>(k)))) {
+        continue;
+      }
+      std::vector<size_t> mine;
+      for (size_t r = 0; r < runs->size(); ++r) {
+        if (key_of((*runs)[r][0]) == k) mine.push_back(r);
+      }
+      std::stable_sort(mine.begin(), mine.end(),
+                       [&](size_t a, size_t b) { return (*runs)[a].size() > (*runs)[b].size(); });
+      int64_t pooled = 0;
+      for (const int64_t i : *singles) pooled += key_of(i) == k ? 1 : 0;
+      // cost(kept) = kept + launches(pooled + members of the runs not kept), kept = |mine| .. 0
+      size_t best_kept = mine.size();
+      int64_t best = static_cast<int64_t>(mine.size()) + (pooled ? cap->launches(pooled) : 0);
+      int64_t extra = 0;
+      for (size_t kept = mine.size(); kept-- > 0;) {
+        extra += static_cast<int64_t>((*runs)[mine[kept]].size());
+        const int64_t cost = static_cast<int64_t>(kept) + cap->launches(pooled + extra);
+        if (cost < best) {
+          best = cost;
+          best_kept = kept;
+        }
+      }
+      for (size_t j = best_kept; j < mine.size(); ++j) drop[mine[j]] = 1;
+    }
+    size_t w = 0;
+    for (size_t r = 0; r < runs->size(); ++r) {
+      if (drop[r]) {
+        singles->insert(singles->end(), (*runs)[r].begin(), (*runs)[r].end());
+      } else {
+        if (w != r) {
+          (*runs)[w] = std::move((*runs)[r]);
+          (*numels)[w] = (*numels)[r];
+        }
+        ++w;
+      }
+    }
+    runs->resize(w);
+    numels->resize(w);
+  }
+
+  // Stages a cross-dtype group the kernel cannot convert (plan.h, Stage) when that issues fewer
+  // launches than its pairs' one copy each. Needs contiguous tensors, the kernel's same-dtype route
+  // for the sources (and for the destinations, where they are not one adjacent run), and a
+  // scratch budget (stage_bytes); chunks keep each one's scratch within it.
+  bool stage(const std::vector<int64_t>& idx, const Capability& cap) {
+    const auto st = srcs_[idx[0]].scalar_type();
+    const auto dt = dsts_[idx[0]].scalar_type();
+    if (cap.max_per_launch == 0 || cap.stage_bytes <= 0 || !cap.supports(st, st)) return false;
+    for (const int64_t i : idx) {
+      if (!srcs_[i].is_contiguous() || !dsts_[i].is_contiguous()) return false;
+    }
+    // Where the destinations are one adjacent run in one storage, every chunk of them is too,
+    // and the scratch holds the sources only; else it holds a destination-dtype copy as well.
+    bool adjacent = in_one_storage(dsts_[idx[0]], info_[idx[0]].dptr, 0);
+    int64_t span = 0;
+    for (size_t k = 0; k < idx.size() && adjacent; ++k) {
+      const int64_t i = idx[k];
+      adjacent = info_[i].dptr == info_[idx[0]].dptr + span;
+      span += nbytes(dsts_[i]);
+    }
+    adjacent = adjacent && in_one_storage(dsts_[idx[0]], info_[idx[0]].dptr, span);
+    if (!adjacent && !cap.supports(dt, dt)) return false;
+    struct Chunk {
+      size_t begin, end;
+      int64_t numel;
+    };
+    std::vector<Chunk> chunks;
+    int64_t bytes = 0, total = 0;
+    for (size_t k = 0; k < idx.size(); ++k) {
+      const int64_t i = idx[k];
+      const int64_t b = nbytes(srcs_[i]) + (adjacent ? 0 : nbytes(dsts_[i]));
+      if (chunks.empty() || bytes + b > cap.stage_bytes) {
+        chunks.push_back({k, k + 1, dsts_[i].numel()});
+        bytes = b;
+        continue;
+      }
+      chunks.back().end = k + 1;
+      chunks.back().numel += dsts_[i].numel();
+      bytes += b;
+    }
+    for (const auto& c : chunks) {
+      const int64_t n = static_cast<int64_t>(c.end - c.begin);
+      total += cap.launches(n) + 1 + (adjacent ? 0 : cap.launches(n));
+    }
+    if (total >= static_cast<int64_t>(idx.size())) return false;
+    for (const auto& c : chunks) {
+      const auto begin = static_cast<int64_t>(plan_.stage_members.size());
+      plan_.stage_members.insert(plan_.stage_members.end(), idx.begin() + c.begin, idx.begin() + c.end);
+      const int64_t n = static_cast<int64_t>(c.end - c.begin);
+      plan_.stages.push_back({begin, static_cast<int64_t>(plan_.stage_members.size()), c.numel, adjacent,
+                              cap.launches(n) + 1 + (adjacent ? 0 : cap.launches(n))});
+    }
+    return true;
+  }
+
   void coalesce_and_group(const std::vector<int64_t>& fast) {
-    std::vector<int64_t> singles, run;
+    std::vector<int64_t> singles, run, numels;
+    std::vector<std::vector<int64_t>> runs;
     int64_t d_end = -1, s_end = -1;
     for (const int64_t i : fast) {
       const auto& d = dsts_[i];
@@ -417,7 +541,7 @@ class Planner {
           s_end += nbytes(s);
           continue;
         }
-        close_run(run, d_end, s_end, &singles);
+        close_run(run, d_end, s_end, &runs, &numels, &singles);
         run.clear();
       }
       if (d.is_contiguous() && s.is_contiguous()) {
@@ -428,19 +552,22 @@ class Planner {
         singles.push_back(i);
       }
     }
-    close_run(run, d_end, s_end, &singles);
+    close_run(run, d_end, s_end, &runs, &numels, &singles);
+    if (!runs.empty()) dissolve_runs(&runs, &numels, &singles);
+    for (size_t r = 0; r < runs.size(); ++r) {
+      const auto begin = static_cast<int64_t>(plan_.run_members.size());
+      plan_.run_members.insert(plan_.run_members.end(), runs[r].begin(), runs[r].end());
+      plan_.runs.push_back({begin, static_cast<int64_t>(plan_.run_members.size()), numels[r]});
+    }
 
     std::sort(singles.begin(), singles.end());
     // Groups in order of first appearance, as first seen. Few keys: a linear scan, starting
     // from the last key hit (neighbours usually share one).
-    using Key = std::tuple<int, int, int, int>;
     std::vector<Key> keys;
     std::vector<std::vector<int64_t>> members;
     size_t last = 0;
     for (const int64_t i : singles) {
-      const auto dev = dsts_[i].device();
-      const Key k{static_cast<int>(dev.type()), dev.index(),
-                  static_cast<int>(srcs_[i].scalar_type()), static_cast<int>(dsts_[i].scalar_type())};
+      const Key k = key_of(i);
       if (keys.empty() || keys[last] != k) {
         last = std::find(keys.begin(), keys.end(), k) - keys.begin();
         if (last == keys.size()) {
@@ -461,10 +588,26 @@ class Planner {
                                 cap->launches(static_cast<int64_t>(idx.size()))});
         continue;
       }
+      if (cap != nullptr && stage(idx, *cap)) continue;
       for (const int64_t i : idx) plan_.fallback.push_back({i, Kind::Dtype, 1});
     }
     std::sort(plan_.fallback.begin(), plan_.fallback.end(),
               [](const Fallback& a, const Fallback& b) { return a.index < b.index; });
+  }
+
+  // Nothing of the call takes a fast path, on a device whose own op batches (op-plugin's batched
+  // H2D / D2H memcpy, its aclnnForeachCopy): that op takes the call whole, as stock, never in more
+  // launches than pair by pair.
+  bool nothing_fast_on_batching_device() const {
+    if (!plan_.runs.empty() || !plan_.groups.empty() || !plan_.stages.empty() || plan_.fallback.empty()) {
+      return false;
+    }
+    const auto& f = plan_.fallback.front();
+    for (const auto* t : {&dsts_[f.index], &srcs_[f.index]}) {
+      const Capability* cap = caps_.get(t->device().type());
+      if (cap != nullptr && cap->max_per_launch > 0 && !cap->host_pass) return true;
+    }
+    return false;
   }
 
   at::TensorList dsts_, srcs_;
@@ -503,12 +646,73 @@ void check_lists(at::TensorList dsts, at::TensorList srcs) {
               dsts.size(), " and ", srcs.size());
 }
 
+namespace {
+
+// Whether the device's own _foreach_copy_ takes one of its batched routes for this source-dtype
+// group: ATen's fast route (one (src, dst) pair the capability supports), or a uniform
+// host<->device transfer.
+bool device_batches(const std::vector<at::Tensor>& d, const std::vector<at::Tensor>& s, const Capability& cap) {
+  const auto st = s[0].scalar_type(), dt = d[0].scalar_type();
+  bool one_pair = true;
+  for (const auto& t : d) one_pair = one_pair && t.scalar_type() == dt;
+  if (one_pair && cap.supports(st, dt) &&
+      at::native::check_fast_path_restrictions({d, s}, {}, false, /*skip_cross_list_dtype_check=*/st != dt)) {
+    return true;
+  }
+  if (!cap.batched_transfers) return false;
+  for (const auto& t : d) {
+    if (t.device() != d[0].device()) return false;
+  }
+  for (const auto& t : s) {
+    if (t.device() != s[0].device()) return false;
+  }
+  return d[0].device().type() != s[0].device().type();
+}
+
+}  // namespace
+
+std::vector<uint8_t> stock_keeps_version(at::TensorList dsts, at::TensorList srcs, const CapabilityTable& caps) {
+  const Capability* cap = nullptr;
+  for (const auto& t : dsts) {
+    if (!t.defined() || t.is_cpu()) continue;
+    const Capability* c = caps.get(t.device().type());
+    if (c != nullptr && c->batched_keeps_versions) {
+      cap = c;
+      break;
+    }
+  }
+  if (cap == nullptr) return {};
+  std::vector<c10::ScalarType> keys;
+  std::vector<std::vector<int64_t>> groups;
+  for (size_t i = 0; i < srcs.size(); ++i) {
+    const auto k = srcs[i].scalar_type();
+    const size_t g = std::find(keys.begin(), keys.end(), k) - keys.begin();
+    if (g == keys.size()) {
+      keys.push_back(k);
+      groups.emplace_back();
+    }
+    groups[g].push_back(static_cast<int64_t>(i));
+  }
+  std::vector<uint8_t> keep(dsts.size(), 0);
+  for (const auto& g : groups) {
+    std::vector<at::Tensor> d, s;
+    for (const int64_t i : g) {
+      d.push_back(dsts[i]);
+      s.push_back(srcs[i]);
+    }
+    if (device_batches(d, s, *cap)) {
+      for (const int64_t i : g) keep[i] = 1;
+    }
+  }
+  return keep;
+}
+
 Plan build_plan(at::TensorList dsts, at::TensorList srcs, const CapabilityTable& caps) {
   return Planner(dsts, srcs, caps).run();
 }
 
 std::vector<int64_t> encode_plan(const Plan& p) {
-  constexpr int64_t kFormat = 1;
+  constexpr int64_t kFormat = 2;
   std::vector<int64_t> out{kFormat,
                            p.n,
                            static_cast<int64_t>(p.stock),
@@ -519,7 +723,8 @@ std::vector<int64_t> encode_plan(const Plan& p) {
                            static_cast<int64_t>(p.runs.size()),
                            static_cast<int64_t>(p.groups.size()),
                            static_cast<int64_t>(p.fallback.size()),
-                           static_cast<int64_t>(p.empty.size())};
+                           static_cast<int64_t>(p.empty.size()),
+                           static_cast<int64_t>(p.stages.size())};
   out.reserve(out.size() + 2 * p.runs.size() + p.run_members.size() + 2 * p.groups.size() +
               p.group_members.size() + 3 * p.fallback.size() + p.empty.size());
   for (const auto& r : p.runs) {
@@ -531,6 +736,13 @@ std::vector<int64_t> encode_plan(const Plan& p) {
     out.push_back(g.end - g.begin);
     out.push_back(g.launches);
     out.insert(out.end(), p.group_members.begin() + g.begin, p.group_members.begin() + g.end);
+  }
+  for (const auto& st : p.stages) {
+    out.push_back(st.end - st.begin);
+    out.push_back(st.numel);
+    out.push_back(st.adjacent ? 1 : 0);
+    out.push_back(st.launches);
+    out.insert(out.end(), p.stage_members.begin() + st.begin, p.stage_members.begin() + st.end);
   }
   for (const auto& f : p.fallback) {
     out.push_back(f.index);

@@ -44,6 +44,17 @@ struct Group {
   int64_t launches;
 };
 
+// A stage: a cross-dtype group the device's batched kernel cannot convert, copied in fewer launches
+// through scratch memory: one same-dtype batched copy of the sources into a contiguous scratch of the
+// source dtype, then one flat cast into the destinations where they are one adjacent run, else a
+// cast into a destination-dtype scratch and a batched copy out of it. One entry per chunk.
+struct Stage {
+  int64_t begin, end;  // into Plan::stage_members, in list order
+  int64_t numel;  // elements of the chunk: the scratch size
+  bool adjacent;  // the destinations are one adjacent run
+  int64_t launches;
+};
+
 struct Fallback {
   int64_t index;
   Kind kind;
@@ -55,9 +66,10 @@ struct Plan {
   Kind stock = Kind::None;  // whole call to the stock op when set
   int64_t stock_a = -1, stock_b = -1;
   int8_t stock_sub = 0;
-  std::vector<int64_t> run_members, group_members, empty;
+  std::vector<int64_t> run_members, group_members, stage_members, empty;
   std::vector<Run> runs;
   std::vector<Group> groups;
+  std::vector<Stage> stages;
   std::vector<Fallback> fallback;  // sorted by index
   int64_t fallback_launches = 0;
   // A whole_list_only device's list: its group goes to stock's op as it is.
@@ -72,6 +84,11 @@ Plan build_plan(at::TensorList dsts, at::TensorList srcs, const CapabilityTable&
 std::vector<int64_t> encode_plan(const Plan& p);
 
 void check_lists(at::TensorList dsts, at::TensorList srcs);
+
+// Pairs whose version counter stock's own op leaves unmoved: on a device whose batched routes
+// keep versions (Capability::batched_keeps_versions), the pairs of each source-dtype group that
+// route takes, as op-plugin groups and routes a list. Empty when no pair is on such a device.
+std::vector<uint8_t> stock_keeps_version(at::TensorList dsts, at::TensorList srcs, const CapabilityTable& caps);
 
 // Whether the tensor has a version counter: false for an inference
 // tensor and for one made in inference mode and given a normal tensor's `.data` (plain keys); true

@@ -29,7 +29,7 @@
 namespace {
 
 // Bumped whenever this module's functions or the count layouts change (_native.py checks it).
-constexpr int64_t kAbiVersion = 10;
+constexpr int64_t kAbiVersion = 11;
 
 // Strong references to the list items for the whole call: another thread may mutate the lists
 // while the GIL is released.

@@ -12,6 +12,11 @@ per op (one extra profiled step of each, outside the timed ones) and the mode's 
     python examples/fsdp_train.py --steps 20 --world-size 2          # CPU, gloo
     python examples/fsdp_train.py --device cuda                      # CUDA, nccl (one GPU per rank)
     python examples/fsdp_train.py --device npu                       # Ascend, hccl (needs torch_npu)
+    python examples/fsdp_train.py --device npu --emulate --cann 8.0.RC3   # the emulated Ascend device
+
+On ``--device npu`` with ``--emulate`` (npu_dispatch.testing.emulated_npu: host memory, launches
+counted by op-plugin's rules) one more step of each model is run to count device launches per op
+(cast, copy-in, ...); its step times are host times of an emulation, not an NPU's.
     python examples/fsdp_train.py --steps 3 --json                   # one JSON object at the end
 """
 from __future__ import annotations
@@ -115,9 +120,24 @@ def all_true(flag: bool, device: torch.device) -> bool:
     return t.item() == 0
 
 
+def counted_launches(fn) -> dict:
+    """Device launches of one step by copy op (the emulated device counts them)."""
+    from npu_dispatch.testing import emulated_npu
+
+    with emulated_npu.launches_by_op() as by_op:
+        fn()
+    return {"launches": dict(by_op), "calls": by_op.calls}
+
+
 def worker(rank: int, world: int, port: int, args, out_path: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    if args.device == "npu":
+    if args.device == "npu" and args.emulate:
+        from npu_dispatch.testing import emulated_npu
+
+        emulated_npu.install(cann=args.cann)
+        device, backend = torch.device("npu", rank), f"cpu:gloo,npu:{emulated_npu.BACKEND}"
+        torch.npu.set_device(device)
+    elif args.device == "npu":
         import torch_npu  # noqa: F401  only here: it breaks `import torch` without CANN
 
         device, backend = torch.device("npu", rank), "hccl"
@@ -170,6 +190,13 @@ def worker(rank: int, world: int, port: int, args, out_path: str) -> None:
         seq = batch()
         copy_ms_stock = profiled_copy_ms(lambda: step(stock_model, stock_opt, cfg, seq, world))
         copy_ms_fast = profiled_copy_ms(lambda: fast_step(seq))
+        launches = {}
+        if args.device == "npu" and args.emulate:
+            seq = batch()
+            counted_stock = counted_launches(lambda: step(stock_model, stock_opt, cfg, seq, world))
+            counted_fast = counted_launches(lambda: fast_step(seq))
+            launches = {"launches_stock": counted_stock["launches"], "launches_fast": counted_fast["launches"],
+                        "launch_counted_calls": counted_fast["calls"], "cann": args.cann}
         if rank == 0:
             timed_stock = sec_stock[WARMUP_STEPS:] or sec_stock
             timed_fast = sec_fast[WARMUP_STEPS:] or sec_fast
@@ -202,6 +229,7 @@ def worker(rank: int, world: int, port: int, args, out_path: str) -> None:
                 "paths": stats["paths"],
                 "fallback_reasons": stats["fallback_reasons"],
                 "report": mode.stats.report(),
+                **launches,
             }
             with open(out_path, "w") as f:
                 json.dump(result, f)
@@ -237,10 +265,27 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--world-size", type=_positive, default=2)
     p.add_argument("--batch", type=_positive, default=4, help="sequences per rank per step")
     p.add_argument("--device", choices=["cpu", "cuda", "npu"], default="cpu")
+    p.add_argument("--emulate", action="store_true",
+                   help="with --device npu: the emulated Ascend device (npu_dispatch.testing.emulated_npu)")
+    p.add_argument("--cann", default=None, metavar="VERSION",
+                   help="with --emulate: the CANN version whose op-plugin rules the device models "
+                        "(default 8.0.RC3)")
     p.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
     args = p.parse_args(argv)
-    if args.device == "npu" and importlib.util.find_spec("torch_npu") is None:
-        p.error("--device npu needs Ascend's torch_npu and CANN installed (see Ascend's install guide)")
+    if args.emulate and args.device != "npu":
+        p.error("--emulate needs --device npu")
+    if args.cann is not None and not args.emulate:
+        p.error("--cann needs --emulate (a real NPU reports its own CANN version)")
+    if args.emulate:
+        from npu_dispatch.testing import emulated_npu
+
+        args.cann = args.cann or emulated_npu.DEFAULT_CANN
+        ok, why = emulated_npu.available()
+        if not ok:
+            p.error(f"--emulate: {why}")
+    elif args.device == "npu" and importlib.util.find_spec("torch_npu") is None:
+        p.error("--device npu needs Ascend's torch_npu and CANN installed (see Ascend's install guide), "
+                "or --emulate for the emulated device")
     if args.device == "cuda" and torch.cuda.device_count() < args.world_size:
         p.error(f"--device cuda needs one GPU per rank: {torch.cuda.device_count()} visible, "
                 f"--world-size {args.world_size}")
@@ -269,6 +314,12 @@ def main(argv=None) -> dict:
     print("copy host time in one profiled step (rank 0):")
     for op in COPY_OPS:
         print(f"  {op:<28} stock {result['copy_ms_stock'][op]:7.3f} ms   fast {result['copy_ms_fast'][op]:7.3f} ms")
+    if "launches_stock" in result:
+        print(f"device launches in one step by op (emulated npu, CANN {result['cann']}, rank 0):")
+        for op in sorted(set(result["launches_stock"]) | set(result["launches_fast"])):
+            a = sum(result["launches_stock"].get(op, {}).values())
+            b = sum(result["launches_fast"].get(op, {}).values())
+            print(f"  {op:<10} stock {a:5d}   fast {b:5d}")
     print(f"\nfast-path calls: {result['fast_path_calls']}, fallback calls: {result['fallback_calls']}\n")
     print(result["report"])
     return result

@@ -32,8 +32,8 @@ class RMSNorm(nn.Module):
 def rope(x: torch.Tensor) -> torch.Tensor:
     """Rotary position embedding over (batch, heads, seq, head_dim)."""
     _, _, seq, hd = x.shape
-    inv = 1.0 / (10000 ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
-    ang = torch.outer(torch.arange(seq, dtype=torch.float32), inv).to(x.dtype)
+    inv = 1.0 / (10000 ** (torch.arange(0, hd, 2, dtype=torch.float32, device=x.device) / hd))
+    ang = torch.outer(torch.arange(seq, dtype=torch.float32, device=x.device), inv).to(x.dtype)
     cos, sin = ang.cos(), ang.sin()
     x1, x2 = x[..., 0::2], x[..., 1::2]
     return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)

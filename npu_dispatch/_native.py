@@ -44,7 +44,7 @@ __all__ = ["load", "available", "status", "build", "module", "planned_op", "dire
 log = logging.getLogger("npu_dispatch")
 
 _BASE_NAME = "npu_dispatch_native"
-_ABI_VERSION = 10
+_ABI_VERSION = 11
 def _build_name(src: Path) -> str:
     """One cache entry per source tree and torch build: two checkouts (or venvs) sharing
     TORCH_EXTENSIONS_DIR would otherwise rebuild over each other on every load."""
@@ -189,7 +189,7 @@ def _load(verbose: bool = False) -> None:
     # where ATen's CPU _foreach_copy_ issues one copy_ per tensor.
     cpu = capabilities.lookup_default("cpu")
     capabilities.set_default("cpu", dataclasses.replace(
-        cpu, max_tensors_per_launch=1 << 30, source="npu_dispatch multi-tensor CPU kernel (csrc/)"))
+        cpu, max_tensors_per_launch=1 << 30, host_pass=True, source="npu_dispatch multi-tensor CPU kernel (csrc/)"))
     _module = module
     capabilities.on_change(push_capabilities)
     push_capabilities()
@@ -280,10 +280,13 @@ def push_capabilities() -> None:
     for name, cap in merged.items():
         names.append(name)
         if cap is None:
-            table += [0, 0, 0]
+            table += [0, 0, 0, 0]
             continue
         pairs = [(d, d) for d in sorted(cap.dtypes, key=str)] + sorted(cap.cross_pairs, key=str)
-        table += [1 | (2 if cap.whole_list_only else 0), cap.max_tensors_per_launch or 0, len(pairs)]
+        flags = (1 | (2 if cap.whole_list_only else 0) | (4 if cap.host_pass else 0)
+                 | (8 if cap.batched_transfers else 0) | (16 if cap.batched_keeps_versions else 0))
+        table += [flags, cap.max_tensors_per_launch or 0, cap.stage_bytes,
+                  len(pairs)]
         for s, d in pairs:
             table += [idx(s), idx(d)]
     _module.set_capabilities(names, table, dtypes)

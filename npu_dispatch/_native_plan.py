@@ -10,7 +10,7 @@ from typing import Sequence
 import torch
 
 from . import capabilities
-from .plan import (Group, Plan, Run, _dt, _empty_write_text, _inference_text, _lazy_bit_dst_text, _odd_dtype_text,
+from .plan import (Group, Plan, Run, Stage, _dt, _empty_write_text, _inference_text, _lazy_bit_dst_text, _odd_dtype_text,
                    _whole_list_text, _zero_dim_cast_text)
 from .stats import PATHS
 
@@ -25,7 +25,7 @@ KINDS = (
 # Flags in slot 0 of the count vector (csrc/execute.h).
 EXECUTED = 1
 BLOCKED = 2
-_FORMAT = 1
+_FORMAT = 2
 _N_PATHS = len(PATHS)
 
 
@@ -80,12 +80,19 @@ def _stock_text(kind: str, a: int, b: int, sub: int, dsts, srcs) -> str:
         caps = (capabilities.lookup(d.device.type), capabilities.lookup(s.device.type))
         cap = next((c for c in caps if c is not None and c.whole_list_only), None)
         return _whole_list_text(cap.name if cap is not None else d.device.type)
+    if kind in _FALLBACK_KINDS:
+        # No pair has a fast path, on a device whose own op batches: that op takes the call whole.
+        return (f"no pair has a fast path ({_fallback_text(kind, a, sub, d, s)}, the first): the "
+                "device's own _foreach_copy_ takes the whole call")
     if kind == "aliasing":
         return (
             f"{_who(sub & 2)}[{b}] overlaps {_who(sub & 1)}[{a}]: "
             "kept as stock's sequential copy_ loop"
         )
     return kind
+
+
+_FALLBACK_KINDS = frozenset({"broadcast", "device", "not_dense", "strides", "dtype"})
 
 
 def _fallback_text(kind: str, i: int, sub: int, d: torch.Tensor, s: torch.Tensor) -> str:
@@ -114,13 +121,13 @@ def decode_plan(v: Sequence[int], dsts: Sequence[torch.Tensor], srcs: Sequence[t
     """The :class:`Plan` encoded by ``npu_dispatch::_plan`` (layout: csrc/plan.cpp encode_plan)."""
     if v[0] != _FORMAT:
         raise RuntimeError(f"npu_dispatch: native plan format {v[0]}, expected {_FORMAT}")
-    n, stock, a, b, sub, fallback_launches, n_runs, n_groups, n_fallback, n_empty = v[1:11]
+    n, stock, a, b, sub, fallback_launches, n_runs, n_groups, n_fallback, n_empty, n_stages = v[1:12]
     plan = Plan(n)
     if stock >= 0:
         # As in plan.py, pairs classified before the whole-stock decision stay listed.
         kind = KINDS[stock]
         plan.stock_reason = (kind, _stock_text(kind, a, b, sub, dsts, srcs))
-    pos = 11
+    pos = 12
     for _ in range(n_runs):
         count, numel = v[pos], v[pos + 1]
         idx = list(v[pos + 2:pos + 2 + count])
@@ -133,6 +140,12 @@ def decode_plan(v: Sequence[int], dsts: Sequence[torch.Tensor], srcs: Sequence[t
         pos += 2 + count
         d0, s0 = dsts[idx[0]], srcs[idx[0]]
         plan.groups.append(Group(idx, d0.device, s0.dtype, d0.dtype, launches))
+    for _ in range(n_stages):
+        count, numel, adjacent, launches = v[pos:pos + 4]
+        idx = list(v[pos + 4:pos + 4 + count])
+        pos += 4 + count
+        d0, s0 = dsts[idx[0]], srcs[idx[0]]
+        plan.stages.append(Stage(idx, numel, d0.device, s0.dtype, d0.dtype, bool(adjacent), launches))
     for _ in range(n_fallback):
         i, kind_code, fsub = v[pos:pos + 3]
         pos += 3

@@ -70,6 +70,20 @@ class Capability:
         whole_list_only: the kernel gives stock's bits only where stock's own op would use it,
             on a whole list: any call touching this device type goes to stock's op whole, counted
             as the fast path when stock's op takes its batched route (plan.py).
+        stage_bytes: the most scratch memory (bytes) one *stage* may allocate: a cross-dtype group
+            the kernel cannot convert is copied through scratch (docs/design.md, "Staged casts"),
+            in chunks whose scratch (the sources' bytes, plus the destinations' where they are not
+            one adjacent run) stays within this; ``0`` never stages. Change it with ``override({"npu": dataclasses.replace(cap,
+            stage_bytes=n)})``.
+        host_pass: the kernel is a host pass that also copies the call's coalesced runs (the
+            library's CPU kernel): there a run costs no launch of its own, so runs are always kept
+            (on a device, a run that saves no launch joins its foreach group: plan.py).
+        batched_transfers: the device's ``_foreach_copy_`` copies a uniform host->device or
+            device->host list in one batched memcpy (op-plugin ``memcpyBatch``).
+        batched_keeps_versions: the device's batched routes move no version counter (op-plugin
+            calls no ``increment_version`` there) while its per-tensor route moves each one: the
+            library then leaves exactly the counters stock leaves, per source-dtype group as
+            op-plugin routes it (csrc/plan.cpp, stock_keeps_version).
     """
 
     name: str
@@ -78,6 +92,10 @@ class Capability:
     max_tensors_per_launch: int | None
     source: str = ""
     whole_list_only: bool = False
+    stage_bytes: int = 0
+    host_pass: bool = False
+    batched_transfers: bool = False
+    batched_keeps_versions: bool = False
 
     def supports(self, src_dtype: torch.dtype, dst_dtype: torch.dtype) -> bool:
         if src_dtype == dst_dtype:
@@ -107,6 +125,12 @@ def _parse_cann(version: str | None) -> tuple[int, int, int]:
     return (nums[0], nums[1], stage)
 
 
+# Scratch a staged cast may hold at once on npu (docs/design.md, "Staged casts"): one chunk holds the
+# fp32 shards of a Llama-3-8B block at world size 8 (27M elements, 109 MB), a quarter of that
+# all-gather's own bf16 output.
+NPU_STAGE_BYTES = 128 << 20
+
+
 def npu_capability(cann: str | None) -> Capability:
     """The op-plugin ``aclnnForeachCopy`` rules for a CANN version string (``None``: unknown).
 
@@ -125,11 +149,15 @@ def npu_capability(cann: str | None) -> Capability:
         cross_pairs=frozenset(cross),
         max_tensors_per_launch=48,
         source=f"op-plugin aclnnForeachCopy, CANN {cann or 'unknown'}",
+        stage_bytes=NPU_STAGE_BYTES,
+        batched_transfers=True,
+        batched_keeps_versions=True,
     )
 
 
 def cann_version() -> str | None:
-    """CANN version reported by torch_npu, or None when torch_npu is not loaded.
+    """CANN version reported by torch_npu, or the one the emulated device models
+    (:mod:`npu_dispatch.testing.emulated_npu`, once installed), else None.
 
     Never imports torch_npu itself: importing it without CANN breaks ``import torch``.
     """
@@ -137,7 +165,9 @@ def cann_version() -> str | None:
 
     mod = sys.modules.get("torch_npu")
     if mod is None:
-        return None
+        # The emulated Ascend device (npu_dispatch.testing.emulated_npu), once installed.
+        emu = sys.modules.get("npu_dispatch.testing.emulated_npu")
+        return emu.cann_version() if emu is not None else None
     try:  # the documented API (torch_npu.npu.utils)
         return str(mod.npu.utils.get_cann_version())
     except Exception:  # older torch_npu: no such function, or CANN not reachable

@@ -8,6 +8,11 @@ Paths, in the order the executor issues them:
 - ``foreach``: the remaining fast-route pairs, grouped by (device, src dtype, dst dtype); each
   group goes to the device's native batched kernel (ATen ``_foreach_copy_``; on CPU, the
   library's multi-tensor kernel).
+- ``staged``: a cross-dtype group the device's kernel cannot convert (op-plugin below CANN 9.1:
+  FSDP2's fp32 -> bf16 cast), where staging issues fewer launches than one copy per pair: one
+  batched same-dtype copy of the sources into a contiguous scratch, then one flat cast into the
+  destinations where they are one adjacent run, else a cast into a scratch of the destination
+  dtype and a batched copy out; in chunks of at most the capability's ``stage_bytes``.
 - ``fallback``: pairs off the fast route (broadcast, other device, strides, dtype pair not in the
   capability table...): stock ``copy_`` pair by pair, with the caller's ``non_blocking``.
 - ``stock``: the whole call keeps stock's semantics. When reordering could change the result (a
@@ -17,6 +22,11 @@ Paths, in the order the executor issues them:
   (and bumped) before the same error; meta tensors too. Tensor subclasses, wrapper tensors and
   other layouts go to the stock op itself.
 - ``empty``: zero-element pairs; stock ``copy_`` does nothing for them either.
+
+On a device whose kernel batches many pairs a launch (npu), a coalesced run is kept only where it
+issues fewer launches than its pairs joining their foreach group, and a call none of whose pairs
+has a fast path goes to the device's own op whole (op-plugin may batch it, as a host<->device
+memcpy): the plan never issues more launches than the device's own op.
 
 Fast-route rules mirror ATen ``can_use_fast_route`` (``aten/src/ATen/native/ForeachUtils.h``):
 same device, strided, non-overlapping and dense, equal sizes, equal strides except on size-1 dims.
@@ -108,6 +118,22 @@ class Group:
 
 
 @dataclasses.dataclass
+class Stage:
+    """A staged cast (one chunk): a cross-dtype group the device's kernel cannot convert, copied
+    through scratch memory. Its sources go to a contiguous ``src_dtype`` scratch of ``numel``
+    elements in one batched same-dtype copy; then one flat cast into the destinations where they
+    are one ``adjacent`` run, else a cast into a ``dst_dtype`` scratch and a batched copy out."""
+
+    indices: list[int]
+    numel: int
+    device: torch.device
+    src_dtype: torch.dtype
+    dst_dtype: torch.dtype
+    adjacent: bool
+    launches: int
+
+
+@dataclasses.dataclass
 class Plan:
     """What the executor will do for one call; ``str(plan)`` is the human-readable form.
 
@@ -118,6 +144,7 @@ class Plan:
     n: int
     runs: list[Run] = dataclasses.field(default_factory=list)
     groups: list[Group] = dataclasses.field(default_factory=list)
+    stages: list[Stage] = dataclasses.field(default_factory=list)
     fallback: list[int] = dataclasses.field(default_factory=list)
     empty: list[int] = dataclasses.field(default_factory=list)
     reasons: dict[int, tuple[str, str]] = dataclasses.field(default_factory=dict)
@@ -129,7 +156,8 @@ class Plan:
         """Device launches the call issues (coalesced runs count one each)."""
         if self.stock_reason is not None:
             return self.n
-        return len(self.runs) + sum(g.launches for g in self.groups) + self.fallback_launches
+        return (len(self.runs) + sum(g.launches for g in self.groups) + sum(s.launches for s in self.stages)
+                + self.fallback_launches)
 
     def __str__(self) -> str:
         lines = [f"plan for {self.n} pair(s): {self.launches} device launch(es)"]
@@ -145,6 +173,14 @@ class Plan:
             lines.append(
                 f"  foreach group pairs {_span(g.indices)} ({len(g.indices)} tensors) "
                 f"{_dt(g.src_dtype)}->{_dt(g.dst_dtype)} on {g.device}: {g.launches} launch(es)"
+            )
+        for s in self.stages:
+            how = ("1 flat cast into the adjacent destinations" if s.adjacent
+                   else f"1 cast into a {_dt(s.dst_dtype)} scratch, a batched copy out")
+            lines.append(
+                f"  staged group pairs {_span(s.indices)} ({len(s.indices)} tensors) "
+                f"{_dt(s.src_dtype)}->{_dt(s.dst_dtype)} on {s.device}: a batched copy into a "
+                f"{s.numel}-element {_dt(s.src_dtype)} scratch, then {how}: {s.launches} launch(es)"
             )
         if self.empty:
             lines.append(f"  empty pairs {_span(self.empty)}: nothing to copy")

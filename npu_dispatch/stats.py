@@ -8,9 +8,10 @@ import threading
 __all__ = ["CopyStats", "PATHS", "global_stats", "add_drain"]
 
 # Order of rows in reports. "stock": a whole call handed to the stock op; "fallback": pairs of a
-# call copied pair by pair by stock's copy_; "empty": zero-element pairs.
-PATHS = ("coalesced", "foreach", "fallback", "stock", "empty")
-_FAST = frozenset({"coalesced", "foreach"})
+# call copied pair by pair by stock's copy_; "empty": zero-element pairs; "staged": cross-dtype
+# pairs copied through scratch memory (plan.py). The order is the C++ count vector's (execute.h).
+PATHS = ("coalesced", "foreach", "fallback", "stock", "empty", "staged")
+_FAST = frozenset({"coalesced", "foreach", "staged"})
 
 
 class _Op:

@@ -336,8 +336,8 @@ def test_npu_rules_are_data_the_planner_reads(cann):
         p = nd.explain(*cast)
         if cann == "9.1.0":
             assert not p.fallback and p.groups[0].launches == -(-n // 48)
-        else:
-            assert p.fallback == list(range(n)) and p.reasons[0][0] == "dtype"
+        else:  # staged: batched copies in and out of scratch around one cast
+            assert not p.fallback and not p.groups and p.launches == 2 * -(-n // 48) + 1
         p = nd.explain(*wide)
         assert bool(p.fallback) == (cann == "8.0.RC3")
 

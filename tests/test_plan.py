@@ -115,11 +115,17 @@ def test_explain_checks_lists_like_stock():
 # ---- the npu rules, driven on CPU through the capability table --------------------------------
 
 
-def test_npu_before_cann_9_1_casts_only_in_coalesced_runs():
+def test_npu_before_cann_9_1_stages_the_fsdp_cast():
     with override({"cpu": npu_capability("8.0.RC3")}):
         dst, src = _fsdp_cast(10)
         p = nd.explain(dst, src)
-        assert p.groups == [] and p.fallback == list(range(10))
+        # No native fp32 -> bf16 kernel: one batched fp32 copy into scratch, one flat cast.
+        assert p.groups == [] and p.fallback == []
+        assert [(s.indices, s.adjacent, s.launches) for s in p.stages] == [(list(range(10)), True, 2)]
+        assert p.launches == 2
+        dst, src = _fsdp_cast(2)
+        p = nd.explain(dst, src)  # staging 2 pairs issues no fewer launches than copying them
+        assert p.stages == [] and p.fallback == [0, 1]
         assert p.reasons[0] == ("dtype", "dtype pair float32->bfloat16 not supported by the npu fast path")
         dst, src = _fsdp_cast(10, adjacent_src=True)
         assert nd.explain(dst, src).launches == 1  # one flat cast still beats N launches
@@ -129,7 +135,8 @@ def test_npu_before_cann_9_1_casts_only_in_coalesced_runs():
 def test_npu_cross_dtype_needs_the_cann_9_1_release(cann, cross_ok):
     with override({"cpu": npu_capability(cann)}):
         dst, src = _fsdp_cast(3)
-        assert (nd.explain(dst, src).fallback == []) is cross_ok
+        p = nd.explain(dst, src)
+        assert p.fallback == [] and bool(p.groups) is cross_ok and bool(p.stages) is not cross_ok
 
 
 def test_npu_cann_9_1_cross_dtype_groups_split_by_48():
@@ -138,8 +145,8 @@ def test_npu_cann_9_1_cross_dtype_groups_split_by_48():
         p = nd.explain(dst, src)
         assert [(len(g.indices), g.launches) for g in p.groups] == [(100, 3)]
         dst, src = _fsdp_cast(5, src_dtype=f64)
-        p = nd.explain(dst, src)
-        assert p.reasons[0][1] == "dtype pair float64->bfloat16 not supported by the npu fast path"
+        p = nd.explain(dst, src)  # not one of the four native pairs: staged through fp64 scratch
+        assert p.groups == [] and [(s.src_dtype, s.launches) for s in p.stages] == [(f64, 2)]
 
 
 @pytest.mark.parametrize("cann, int64_ok", [("8.0.RC3", False), ("8.1.RC1", True), ("8.1.0", True), (None, False)])

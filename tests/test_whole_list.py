@@ -283,9 +283,10 @@ def test_a_simulated_cuda_kernel_gives_stocks_errors_bits_and_versions_through_e
 
 @pytest.mark.skipif(not _native.available(), reason="native library not built")
 def test_below_ad_inplace_or_view_a_whole_list_device_needs_no_bump_of_ours():
-    # Stock's copy_ loop bumps nothing there. A device with no entry (or an npu-like one) keeps
-    # the bumps: whether its batched kernel bumps by itself is unknown. A whole_list_only device's
-    # kernel is watched by the executors. Meta tensors stand in for the device, through the C++
+    # Stock's copy_ loop bumps nothing there. A device with no entry keeps the bumps: whether its
+    # batched kernel bumps by itself is unknown. An npu entry says its batched route bumps nothing
+    # (op-plugin: batched_keeps_versions), and this list takes that route. A whole_list_only
+    # device's kernel is watched by the executors. Meta tensors stand in for the device, through the C++
     # entry that takes stock's rule where the call is made (bump=None).
     planned = _native.planned_op()
 
@@ -298,5 +299,5 @@ def test_below_ad_inplace_or_view_a_whole_list_device_needs_no_bump_of_ours():
     whole = dataclasses.replace(capabilities.lookup("cpu"), name="cuda-like", whole_list_only=True)
     assert moved({}) == 1
     assert moved({"meta": whole}) == 0
-    assert moved({"meta": capabilities.npu_capability("9.1.0")}) == 1
+    assert moved({"meta": capabilities.npu_capability("9.1.0")}) == 0
     assert moved({}, device="cpu") == 0

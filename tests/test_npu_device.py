@@ -1,0 +1,340 @@
+"""The npu route on the emulated Ascend device (npu_dispatch.testing.emulated_npu): results, errors
+and version counters against stock on npu tensors, and device launches per CANN version against
+op-plugin's rules (stock is the emulated op-plugin kernel itself)."""
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import npu_dispatch as nd
+from npu_dispatch.testing import emulated_npu
+
+CANNS = ("8.0.RC3", "8.1.RC1", "9.1.0")
+f32, bf16, f16, i32, i64 = torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64
+
+
+# On a machine with an Ascend NPU, NPU_DISPATCH_REAL_NPU=1 runs the semantics tests on torch_npu's
+# device; the launch counts are the emulated device's, so those skip there.
+REAL = os.environ.get("NPU_DISPATCH_REAL_NPU") == "1"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def npu():
+    if REAL:
+        import torch_npu  # noqa: F401  only here: without CANN it breaks `import torch`
+
+        yield
+        return
+    ok, why = emulated_npu.available()
+    if not ok:
+        if os.environ.get("NPU_DISPATCH_REQUIRE_NATIVE") == "1":
+            pytest.fail(f"the emulated npu must build in CI: {why}")
+        pytest.skip(f"no emulated npu here: {why}")
+    emulated_npu.install(emulated_npu.DEFAULT_CANN)
+    yield
+    emulated_npu.install(emulated_npu.DEFAULT_CANN)
+
+
+def cann(version: str):
+    """Model op-plugin at this CANN version (the emulated device only)."""
+    if REAL:
+        pytest.skip("launch counts and CANN versions are the emulated device's")
+    emulated_npu.install(version)
+
+
+def launches() -> dict:
+    return {} if REAL else emulated_npu.launches()
+
+
+def reset_launches() -> None:
+    if not REAL:
+        emulated_npu.reset_launches()
+
+
+# ---------------------------------------------------------------------------------------------
+# Lists on the device
+
+
+def _fill(t: torch.Tensor, gen: torch.Generator) -> None:
+    """Random values with NaN payloads, infinities and signed zeros where the dtype has them."""
+    if t.numel() == 0:
+        return
+    if t.dtype.is_floating_point:
+        vals = torch.randn(t.shape, generator=gen).to(t.dtype)
+        flat = vals.view(-1)
+        special = torch.tensor([float("nan"), -0.0, float("inf"), -float("inf")]).to(t.dtype)
+        for k in range(0, flat.numel(), 7):
+            flat[k] = special[(k // 7) % 4]
+        if t.dtype == f32 and flat.numel() > 3:
+            flat.view(torch.int32)[3] = 0x7FA00001  # a signalling NaN with a payload
+    else:
+        vals = torch.randint(-100, 100, t.shape, generator=gen).to(t.dtype)
+    t.copy_(vals.to(t.device))
+
+
+def make_list(specs, dst_adjacent: bool, src_adjacent: bool, seed: int):
+    """``specs``: (numel, src dtype, dst dtype, transposed) per pair. Adjacent sides carve
+    consecutive same-dtype tensors from one npu buffer."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def side(dtypes, adjacent):
+        out = []
+        if adjacent and len(set(dtypes)) == 1:
+            buf = torch.empty(sum(n for n, *_ in specs), dtype=dtypes[0], device="npu")
+            out = list(torch.split(buf, [n for n, *_ in specs]))
+        else:
+            out = [torch.empty(n, dtype=dt, device="npu") for (n, *_), dt in zip(specs, dtypes)]
+        return out
+
+    dsts = side([d for _, _, d, _ in specs], dst_adjacent)
+    srcs = side([s for _, s, _, _ in specs], src_adjacent)
+    for k, (n, _, _, transposed) in enumerate(specs):
+        if transposed and n % 2 == 0 and n > 0:
+            srcs[k] = srcs[k].view(2, n // 2).t()
+            dsts[k] = dsts[k].view(n // 2, 2)
+    for t in (*dsts, *srcs):
+        _fill(t, gen)
+    return dsts, srcs
+
+
+def clone_lists(dsts, srcs):
+    """The same lists again, with the same layout: each storage cloned once and its tensors
+    rebuilt as views of one base on it, so tensors that shared a version counter still do."""
+    bases = {}
+
+    def dup(t):
+        key = (t.untyped_storage()._cdata, t.dtype)  # the StorageImpl: empty ones share data_ptr 0
+        if key not in bases:
+            storage = _clone_storage(t.untyped_storage())
+            bases[key] = torch.empty(0, dtype=t.dtype, device=t.device).set_(
+                storage, 0, (storage.nbytes() // t.element_size(),), (1,))
+        return bases[key].as_strided(t.shape, t.stride(), t.storage_offset())
+
+    return [dup(t) for t in dsts], [dup(t) for t in srcs]
+
+
+def _clone_storage(storage):
+    n = storage.nbytes()
+    fresh = torch.empty(n, dtype=torch.uint8, device=storage.device)
+    fresh.copy_(torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, 0, (n,), (1,)))
+    return fresh.untyped_storage()
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    c = t.cpu().contiguous()
+    return c.view(torch.uint8) if c.numel() else c
+
+
+def run(fn, dsts, srcs):
+    reset_launches()
+    versions = [d._version for d in dsts]
+    fn(dsts, srcs)
+    counted = launches()  # before reading the results back: each .cpu() is a launch too
+    return [bits(d) for d in dsts], [d._version - v for d, v in zip(dsts, versions)], counted
+
+
+def stock(dsts, srcs):
+    torch._foreach_copy_(dsts, srcs)
+
+
+def under_mode(dsts, srcs):
+    with nd.NpuFastCopyMode():
+        torch._foreach_copy_(dsts, srcs)
+
+
+def direct(dsts, srcs):
+    nd.foreach_copy_(dsts, srcs)
+
+
+def total(launches: dict) -> int:
+    return sum(launches.values())
+
+
+pair = st.tuples(st.sampled_from([0, 1, 2, 6, 40, 257]), st.sampled_from([f32, bf16, f16, i32, i64]),
+                 st.sampled_from([f32, bf16, f16, i32, i64]), st.booleans())
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(pair, min_size=1, max_size=60), st.booleans(), st.booleans(), st.sampled_from(CANNS),
+       st.booleans(), st.integers(0, 3))
+def test_npu_lists_match_stock_bitwise_with_versions_and_never_more_launches_when_same_dtype(
+        specs, dst_adj, src_adj, version, same_dtype, seed):
+    if same_dtype:
+        specs = [(n, s, s, tr) for n, s, _, tr in specs]
+    if not REAL:
+        cann(version)
+    ref = make_list(specs, dst_adj, src_adj, seed)
+    want, want_v, want_l = run(stock, *ref)
+    for fn in (under_mode, direct):
+        got, got_v, got_l = run(fn, *clone_lists(*ref))
+        assert all(torch.equal(a, b) for a, b in zip(want, got)), fn.__name__
+        assert got_v == want_v, fn.__name__
+        if same_dtype:
+            assert total(got_l) <= total(want_l), (fn.__name__, got_l, want_l)
+
+
+@pytest.mark.parametrize("version", CANNS)
+def test_npu_errors_match_stock_and_write_what_stock_writes(version):
+    if not REAL:
+        cann(version)
+    bad_cases = [
+        ([], []),
+        ([torch.zeros(2, device="npu")], []),
+        ([torch.zeros(2, device="npu"), torch.zeros(3, device="npu")], [torch.ones(2, device="npu")]),
+        ([torch.zeros(2, device="npu"), torch.zeros(3, device="npu")],
+         [torch.ones(2, device="npu"), torch.ones(4, device="npu")]),
+    ]
+    for dsts, srcs in bad_cases:
+        errors = []
+        written = []
+        for fn in (stock, under_mode):
+            d = [t.clone() for t in dsts]
+            s = [t.clone() for t in srcs]
+            with pytest.raises(Exception) as info:
+                fn(d, s)
+            errors.append((type(info.value), str(info.value).split("\n")[0]))
+            written.append([bits(t) for t in d])
+        assert errors[0] == errors[1]
+        assert all(torch.equal(a, b) for a, b in zip(*written))
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch counts per CANN version (N = 100 pairs of 64..163 elements)
+
+N = 100
+
+
+def _lists(kind: str):
+    sizes = [64 + k for k in range(N)]
+    gen = torch.Generator().manual_seed(0)
+    if kind == "adjacent":  # both sides one buffer each, one dtype
+        src = torch.randn(sum(sizes), generator=gen).to("npu")
+        dst = torch.empty(sum(sizes), device="npu")
+        return list(torch.split(dst, sizes)), list(torch.split(src, sizes))
+    srcs = [torch.randn(n, generator=gen).to("npu") for n in sizes]
+    if kind == "same_dtype":
+        return [torch.empty(n, device="npu") for n in sizes], srcs
+    if kind == "cast_adjacent":  # FSDP2's mixed-precision cast: fp32 shards into one bf16 buffer
+        return list(torch.split(torch.empty(sum(sizes), dtype=bf16, device="npu"), sizes)), srcs
+    if kind == "cast":
+        return [torch.empty(n, dtype=bf16, device="npu") for n in sizes], srcs
+    if kind == "mixed_destinations":  # one source dtype, every other destination bf16
+        return [torch.empty(n, dtype=bf16 if k % 2 else f32, device="npu") for k, n in enumerate(sizes)], srcs
+    raise ValueError(kind)
+
+
+def _ceil(n: int) -> int:
+    return math.ceil(n / 48)
+
+
+# (stock, mode) launches, by op-plugin's rules: below CANN 9.1 no cross-dtype pair has the batched
+# kernel; a list of one source dtype with mixed destinations leaves it on every version.
+EXPECTED = {
+    "same_dtype": {v: ({"aclnnForeachCopy": _ceil(N)}, {"aclnnForeachCopy": _ceil(N)}) for v in CANNS},
+    "adjacent": {v: ({"aclnnForeachCopy": _ceil(N)}, {"copy": 1}) for v in CANNS},
+    "cast_adjacent": {
+        "8.0.RC3": ({"copy": N}, {"aclnnForeachCopy": _ceil(N), "copy": 1}),
+        "8.1.RC1": ({"copy": N}, {"aclnnForeachCopy": _ceil(N), "copy": 1}),
+        "9.1.0": ({"aclnnForeachCopy": _ceil(N)}, {"aclnnForeachCopy": _ceil(N)}),
+    },
+    "cast": {
+        "8.0.RC3": ({"copy": N}, {"aclnnForeachCopy": 2 * _ceil(N), "copy": 1}),
+        "8.1.RC1": ({"copy": N}, {"aclnnForeachCopy": 2 * _ceil(N), "copy": 1}),
+        "9.1.0": ({"aclnnForeachCopy": _ceil(N)}, {"aclnnForeachCopy": _ceil(N)}),
+    },
+    "mixed_destinations": {
+        "8.0.RC3": ({"copy": N}, {"aclnnForeachCopy": 3 * _ceil(N // 2), "copy": 1}),
+        "8.1.RC1": ({"copy": N}, {"aclnnForeachCopy": 3 * _ceil(N // 2), "copy": 1}),
+        "9.1.0": ({"copy": N}, {"aclnnForeachCopy": 2 * _ceil(N // 2)}),
+    },
+}
+
+
+@pytest.mark.parametrize("version", CANNS)
+@pytest.mark.parametrize("kind", sorted(EXPECTED))
+def test_launches_per_cann_version_match_op_plugin_rules_and_results_match_stock(kind, version):
+    cann(version)
+    want_stock, want_mode = EXPECTED[kind][version]
+    ref = _lists(kind)
+    got_stock = run(stock, *ref)
+    got_mode = run(under_mode, *clone_lists(*ref))
+    assert got_stock[2] == want_stock
+    assert got_mode[2] == want_mode
+    assert all(torch.equal(a, b) for a, b in zip(got_stock[0], got_mode[0]))
+    assert got_mode[1] == got_stock[1]
+
+
+def test_int64_lists_follow_the_cann_8_1_dtype_list():
+    sizes = [5] * 60
+    for version, batched in (("8.0.RC3", False), ("8.1.RC1", True)):
+        cann(version)
+        srcs = [torch.arange(n, dtype=i64, device="npu") for n in sizes]
+        for fn in (stock, under_mode):
+            dsts = [torch.empty(n, dtype=i64, device="npu") for n in sizes]
+            launches = run(fn, dsts, srcs)[2]
+            assert launches == ({"aclnnForeachCopy": 2} if batched else {"copy": 60}), (version, fn.__name__)
+
+
+def test_uniform_host_to_device_lists_keep_op_plugins_batched_memcpy():
+    cann("8.0.RC3")
+    srcs = [torch.randn(8) for _ in range(10)]
+    for fn in (stock, under_mode):
+        dsts = [torch.empty(8, device="npu") for _ in range(10)]
+        got = run(fn, dsts, srcs)
+        assert got[2] == {"memcpyBatch": 1}, fn.__name__
+        assert all(torch.equal(a, bits(s)) for a, s in zip(got[0], srcs))
+
+
+def test_staged_cast_is_chunked_to_the_capabilitys_scratch_budget():
+    import dataclasses
+
+    cann("8.0.RC3")
+    dsts, srcs = _lists("cast_adjacent")
+    cap = nd.capabilities.lookup("npu")
+    budget = 4 * 1024  # fp32 scratch bytes per chunk: about 10 pairs of ~100 elements
+    with nd.capabilities.override({"npu": dataclasses.replace(cap, stage_bytes=budget)}):
+        plan = nd.explain(dsts, srcs)
+        assert len(plan.stages) > 1
+        assert all(sum(srcs[i].numel() * 4 for i in s.indices) <= budget for s in plan.stages)
+        assert plan.launches == sum(_ceil(len(s.indices)) + 1 for s in plan.stages) < N
+        assert "staged group" in str(plan)
+        got = run(under_mode, *clone_lists(dsts, srcs))
+    want = run(stock, dsts, srcs)
+    assert all(torch.equal(a, b) for a, b in zip(want[0], got[0]))
+    with nd.capabilities.override({"npu": dataclasses.replace(cap, stage_bytes=0)}):
+        assert not nd.explain(dsts, srcs).stages
+
+
+def test_stats_and_explain_name_the_staged_path():
+    cann("8.0.RC3")
+    dsts, srcs = _lists("cast_adjacent")
+    with nd.NpuFastCopyMode() as mode:
+        torch._foreach_copy_(dsts, srcs)
+    paths = mode.stats.as_dict()["paths"]
+    assert paths["staged"]["pairs"] == N and paths["staged"]["launches"] == _ceil(N) + 1
+    assert mode.stats.total_fallback_calls == 0
+    text = str(nd.explain(dsts, srcs))
+    assert f"{_ceil(N) + 1} device launch(es)" in text and "1 flat cast into the adjacent destinations" in text
+
+
+def test_install_refuses_with_a_clear_error_when_torch_npu_is_loaded(monkeypatch):
+    cann("8.0.RC3")
+    import sys
+    import types
+
+    monkeypatch.setitem(sys.modules, "torch_npu", types.ModuleType("torch_npu"))
+    with pytest.raises(RuntimeError, match="the real torch_npu is loaded"):
+        emulated_npu.install()
+
+
+def test_the_capability_table_reads_the_emulated_cann_version():
+    cann("8.0.RC3")
+    for version in CANNS:
+        cann(version)
+        assert nd.capabilities.cann_version() == version == emulated_npu.cann_version()
+        assert nd.capabilities.lookup("npu") == nd.capabilities.npu_capability(version)

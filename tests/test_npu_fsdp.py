@@ -1,0 +1,54 @@
+"""FSDP2 trained on 2 ranks of the emulated Ascend device (examples/fsdp_train.py --device npu
+--emulate), stock and under the mode: bitwise equal after every step (losses, gradients,
+parameters), both copy ops on the fast path, and the launches op-plugin's rules give."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from npu_dispatch.testing import emulated_npu
+
+EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "examples", "fsdp_train.py")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def emulated():
+    ok, why = emulated_npu.available()
+    if not ok:
+        if os.environ.get("NPU_DISPATCH_REQUIRE_NATIVE") == "1":
+            pytest.fail(f"the emulated npu must build in CI: {why}")
+        pytest.skip(f"no emulated npu here: {why}")
+
+
+def _train(cann: str) -> dict:
+    proc = subprocess.run([sys.executable, EXAMPLE, "--device", "npu", "--emulate", "--cann", cann,
+                           "--steps", "3", "--json"], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("cann", ["8.0.RC3", "9.1.0"])
+def test_fsdp2_on_the_emulated_npu_is_bitwise_equal_and_casts_in_fewer_launches(cann):
+    r = _train(cann)
+    assert r["device"] == "npu" and r["cann"] == cann
+    assert r["bitwise_equal"] is True
+    assert r["grads_equal_every_step"] is True and r["params_equal_every_step"] is True
+    by_op = r["fast_path_calls_by_op"]
+    assert by_op["aten._foreach_copy_"] > 0 and by_op["fsdp.all_gather_copy_in"] > 0
+    assert r["fallback_calls"] == 0
+    stock, fast = r["launches_stock"], r["launches_fast"]
+    gathers = r["launch_counted_calls"]["copy_in"]
+    assert gathers > 0 and r["launch_counted_calls"]["cast"] == gathers
+    # Each all-gather group of the example holds at most 48 shards: cast + copy-in <= 1 + 2 launches.
+    fast_cast_and_copy_in = sum(fast["cast"].values()) + sum(fast["copy_in"].values())
+    assert fast_cast_and_copy_in <= 3 * gathers
+    stock_cast = sum(stock["cast"].values())
+    if cann.startswith("9.1"):
+        assert stock["cast"] == {"aclnnForeachCopy": gathers}
+    else:
+        assert stock["cast"] == {"copy": stock_cast} and stock_cast > gathers  # one copy per shard
+        assert sum(fast["cast"].values()) == 2 * gathers  # staged: one batched copy, one flat cast
