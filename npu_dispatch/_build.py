@@ -15,6 +15,17 @@ EXTENSION = "npu_dispatch._C"
 BUILD_INFO = "_C_build.json"
 
 
+# The emulated Ascend device (npu_dispatch.testing.emulated_npu): its own extension, from
+# csrc/emulated_npu, built the same way, with its build note beside it in npu_dispatch/testing.
+EMULATED_NPU_EXTENSION = "npu_dispatch.testing._emulated_npu_C"
+EMULATED_NPU_BUILD_INFO = "_emulated_npu_C_build.json"
+EMULATED_NPU_CFLAGS = ["-O2", "-Wno-psabi"]
+
+
+def emulated_npu_sources(src: Path) -> list[Path]:
+    return sorted((src / "emulated_npu").glob("*.cpp"))
+
+
 def source_dir(package_dir: Path) -> Path | None:
     """``csrc/`` of an installed package (``npu_dispatch/csrc``) or of a source checkout."""
     for cand in (package_dir / "csrc", package_dir.parent / "csrc"):

@@ -79,6 +79,16 @@ def _interception() -> str:
     return "none: without the native library every owned op runs as stock, counted as no_native"
 
 
+def _emulated_npu() -> str:
+    from .testing import emulated_npu
+
+    if emulated_npu.installed():
+        return f"installed in this process, modelling CANN {emulated_npu.cann_version()}"
+    ok, why = emulated_npu.available()
+    return ("available: examples/fsdp_train.py --device npu --emulate, or "
+            "npu_dispatch.testing.emulated_npu.install()") if ok else f"unavailable: {why}"
+
+
 def _devices() -> list[str]:
     seen = ["cpu"]
     if torch.cuda.is_available():
@@ -107,6 +117,7 @@ def report() -> str:
         ("device types seen", ", ".join(_devices())),
         ("torch_npu", _torch_npu()),
         ("CANN", _cann()),
+        ("emulated npu", _emulated_npu()),
         ("triton", _triton()),
         ("native extension", _native()),
         ("NpuFastCopyMode", _interception()),

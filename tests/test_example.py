@@ -37,6 +37,8 @@ def test_the_command_line_refuses_what_it_cannot_run():
     for args, text in ((["--world-size", "0"], "--world-size: must be at least 1"),
                        (["--steps", "0"], "--steps: must be at least 1"),
                        (["--steps", "x"], "is not a whole number"),
-                       (["--device", "tpu"], "invalid choice")):
+                       (["--device", "tpu"], "invalid choice"),
+                       (["--emulate"], "--emulate needs --device npu"),
+                       (["--device", "npu", "--cann", "8.0.RC3"], "--cann needs --emulate")):
         proc = _run(*args)
         assert proc.returncode == 2 and text in proc.stderr, (args, proc.stderr[-500:])
