@@ -63,8 +63,10 @@ bool stock_bumps(at::TensorList dsts) {
   const auto caps = current_capabilities();
   for (const auto& d : dsts) {
     if (d.defined() && !d.is_cpu()) {
+      // CUDA's fused kernel bumps by itself (the executors watch it); op-plugin's routes bump
+      // nothing below ADInplaceOrView (device_routes.h). A device not known either way keeps them.
       const Capability* cap = caps->get(d.device().type());
-      if (cap == nullptr || !cap->whole_list) return true;
+      if (cap == nullptr || !(cap->whole_list || cap->batched_keeps_versions)) return true;
     }
   }
   return false;
@@ -90,7 +92,8 @@ std::vector<int64_t> plan_and_run(at::TensorList dsts, at::TensorList srcs, bool
   std::vector<uint8_t> self_bumped;
   {
     at::AutoDispatchBelowADInplaceOrView below;
-    counts = execute(build_plan(dsts, srcs, *current_capabilities()), dsts, srcs, non_blocking, strict, bump,
+    const auto caps = current_capabilities();
+    counts = execute(build_plan(dsts, srcs, *caps, non_blocking), dsts, srcs, non_blocking, strict, bump, *caps,
                      &self_bumped);
   }
   // As stock: a destination without a version counter (execute.h) moves nothing inside

@@ -6,6 +6,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/record_function.h>
 #include <c10/core/InferenceMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include "borrowed.h"
 #include "capability_table.h"
@@ -65,6 +66,23 @@ class Executor {
   // stock does. Subclasses, wrapper tensors, other layouts: the stock op itself.
   void stock(bool bump) {
     RECORD_FUNCTION("npu_dispatch::stock", std::vector<c10::IValue>());
+    if (p_.own_op) {
+      // The device's own op, whole (device_routes.h): its routes, order, errors and launches. Its
+      // per-tensor route moves counters through copy_ where the caller's stock call would (with
+      // `bump`, ADInplaceOrView is back in reach); its batched routes move none.
+      if (bump) {
+        const auto tls = c10::impl::tls_local_dispatch_key_set();
+        c10::impl::ForceDispatchKeyGuard reach(tls.included_, tls.excluded_.remove(c10::DispatchKey::ADInplaceOrView));
+        at::_foreach_copy_(dsts_, srcs_, non_blocking_);
+      } else {
+        at::_foreach_copy_(dsts_, srcs_, non_blocking_);
+      }
+      int64_t bytes = 0;
+      for (const auto& d : dsts_) bytes += dst_bytes(d);
+      add(v_, kStock, p_.n, bytes, p_.stock_launches);
+      v_[reason_slot(p_.stock)] += p_.n;
+      return;
+    }
     if (p_.stock == Kind::Aliasing || p_.stock == Kind::MayRaise || p_.stock == Kind::Meta ||
         p_.stock == Kind::OrderDependent || p_.stock == Kind::WholeListRoute) {
       const bool outside_inference = !c10::InferenceMode::is_enabled();
@@ -121,7 +139,7 @@ class Executor {
       int64_t bytes = 0;
       for (int64_t k = 0; k < count; ++k) bytes += dst_bytes(dsts_[members[k]]);
       add(v_, kForeach, count, bytes, g.launches);
-      if (!dsts_[members[0]].is_cpu() || p_.whole_list) {
+      if (!dsts_[members[0]].is_cpu() || p_.whole_list || g.transfer) {
         // The device's own batched kernel (CUDA multi_tensor_apply, op-plugin aclnnForeachCopy).
         stock_pairs(members, count);
         continue;
@@ -233,8 +251,8 @@ class Executor {
 
 }  // namespace
 
-std::vector<int64_t> execute(const Plan& p, at::TensorList dsts, at::TensorList srcs,
-                             bool non_blocking, bool strict, bool bump, std::vector<uint8_t>* self_bumped) {
+std::vector<int64_t> execute(const Plan& p, at::TensorList dsts, at::TensorList srcs, bool non_blocking,
+                             bool strict, bool bump, const CapabilityTable& caps, std::vector<uint8_t>* self_bumped) {
   std::vector<int64_t> v(kCountsLen, 0);
   if (strict && (p.stock != Kind::None || !p.fallback.empty())) {
     v[0] = kBlocked;
@@ -242,7 +260,7 @@ std::vector<int64_t> execute(const Plan& p, at::TensorList dsts, at::TensorList 
   }
   v[0] = kExecuted;
   self_bumped->assign(dsts.size(), 0);
-  const std::vector<uint8_t> kept = bump ? stock_keeps_version(dsts, srcs, *current_capabilities())
+  const std::vector<uint8_t> kept = bump ? stock_keeps_version(dsts, srcs, non_blocking, caps)
                                          : std::vector<uint8_t>();
   // The caller bumps none of the pairs stock leaves alone.
   for (size_t i = 0; i < kept.size(); ++i) (*self_bumped)[i] |= kept[i];

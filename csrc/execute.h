@@ -33,7 +33,8 @@ inline bool stock_bumps_pair(const at::Tensor& dst, const at::Tensor& src, bool 
 // ``bump``: a whole-stock plan bumps each destination's version counter as stock does (the
 // caller bumps the others once the call has succeeded, except those marked in ``self_bumped``
 // (resized to the list): a device's fused kernel bumped them already, as it does under stock).
-std::vector<int64_t> execute(const Plan& p, at::TensorList dsts, at::TensorList srcs,
-                             bool non_blocking, bool strict, bool bump, std::vector<uint8_t>* self_bumped);
+// `caps`: the snapshot the plan was made against.
+std::vector<int64_t> execute(const Plan& p, at::TensorList dsts, at::TensorList srcs, bool non_blocking,
+                             bool strict, bool bump, const CapabilityTable& caps, std::vector<uint8_t>* self_bumped);
 
 }  // namespace npu_dispatch

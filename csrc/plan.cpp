@@ -1,6 +1,7 @@
 // The copy planner (plan.h): checks each pair in list order, so the first pair that sends a call
 // to stock is the one stock's own loop would meet first; explain() decodes what it builds.
 #include "plan.h"
+#include "device_routes.h"
 #include "storage_write.h"
 
 #include <ATen/MemoryOverlap.h>
@@ -137,8 +138,8 @@ struct PairInfo {
 
 class Planner {
  public:
-  Planner(at::TensorList dsts, at::TensorList srcs, const CapabilityTable& caps)
-      : dsts_(dsts), srcs_(srcs), caps_(caps), info_(dsts.size()) {
+  Planner(at::TensorList dsts, at::TensorList srcs, const CapabilityTable& caps, bool non_blocking)
+      : dsts_(dsts), srcs_(srcs), caps_(caps), non_blocking_(non_blocking), info_(dsts.size()) {
     plan_.n = static_cast<int64_t>(dsts.size());
   }
 
@@ -217,6 +218,7 @@ class Planner {
       return std::move(plan_);
     }
     coalesce_and_group(fast);
+    transfer_groups();
     if (nothing_fast_on_batching_device()) {
       const auto f = plan_.fallback.front();
       return stock(f.kind, f.index, f.sub);
@@ -233,7 +235,38 @@ class Planner {
     plan_.stock_a = a;
     plan_.stock_b = b;
     plan_.stock_sub = sub;
+    mark_own_op();
     return std::move(plan_);
+  }
+
+  // A whole-stock plan on a device whose own op routes lists (device_routes.h): that op takes the
+  // call whole, as under stock.
+  void mark_own_op() {
+    if (own_op_capability(dsts_, srcs_, caps_) != nullptr) {
+      plan_.own_op = true;
+      plan_.stock_launches = device_routes(dsts_, srcs_, non_blocking_, caps_).launches;
+    }
+  }
+
+  // Source-dtype groups the device's own op sends as one batched host <-> device memcpy
+  // (device_routes.h) go to it as they are: the same launch and the same bytes as under stock.
+  void transfer_groups() {
+    const Capability* cap = own_op_capability(dsts_, srcs_, caps_);
+    if (cap == nullptr || !cap->batched_transfers) return;
+    const DeviceRoutes r = device_routes(dsts_, srcs_, non_blocking_, caps_);
+    std::vector<uint8_t> moved(dsts_.size(), 0);
+    for (size_t g = 0; g < r.groups.size(); ++g) {
+      if (r.of_group[g] != DeviceRoute::Transfer) continue;
+      const auto begin = static_cast<int64_t>(plan_.group_members.size());
+      plan_.group_members.insert(plan_.group_members.end(), r.groups[g].begin(), r.groups[g].end());
+      plan_.groups.push_back({begin, static_cast<int64_t>(plan_.group_members.size()), 1, true});
+      for (const int64_t i : r.groups[g]) moved[i] = 1;
+    }
+    auto gone = [&](int64_t i) { return moved[i] != 0; };
+    plan_.fallback.erase(std::remove_if(plan_.fallback.begin(), plan_.fallback.end(),
+                                        [&](const Fallback& f) { return gone(f.index); }),
+                         plan_.fallback.end());
+    plan_.empty.erase(std::remove_if(plan_.empty.begin(), plan_.empty.end(), gone), plan_.empty.end());
   }
 
   // The first whole_list_only device type among the tensors
@@ -278,7 +311,7 @@ class Planner {
     if (!stock_batches()) return stock(Kind::WholeListRoute, at, 0);
     plan_.whole_list = true;
     for (int64_t i = 0; i < plan_.n; ++i) plan_.group_members.push_back(i);
-    plan_.groups.push_back({0, plan_.n, cap.launches(plan_.n)});
+    plan_.groups.push_back({0, plan_.n, cap.launches(plan_.n), false});
     return std::move(plan_);
   }
 
@@ -371,6 +404,7 @@ class Planner {
         plan_.stock_a = hit->index;
         plan_.stock_b = iv.index;
         plan_.stock_sub = static_cast<int8_t>((hit->is_dst ? 1 : 0) | (iv.is_dst ? 2 : 0));
+        mark_own_op();
         return true;
       }
       if (iv.end > end_all) {
@@ -480,7 +514,7 @@ class Planner {
     }
     // Where the destinations are one adjacent run in one storage, every chunk of them is too,
     // and the scratch holds the sources only; else it holds a destination-dtype copy as well.
-    bool adjacent = in_one_storage(dsts_[idx[0]], info_[idx[0]].dptr, 0);
+    bool adjacent = true;
     int64_t span = 0;
     for (size_t k = 0; k < idx.size() && adjacent; ++k) {
       const int64_t i = idx[k];
@@ -494,7 +528,7 @@ class Planner {
       int64_t numel;
     };
     std::vector<Chunk> chunks;
-    int64_t bytes = 0, total = 0;
+    int64_t bytes = 0;
     for (size_t k = 0; k < idx.size(); ++k) {
       const int64_t i = idx[k];
       const int64_t b = nbytes(srcs_[i]) + (adjacent ? 0 : nbytes(dsts_[i]));
@@ -507,17 +541,23 @@ class Planner {
       chunks.back().numel += dsts_[i].numel();
       bytes += b;
     }
+    // A chunk is staged only where it issues fewer launches than its pairs copied one by one (a
+    // tensor over the budget is a chunk of one: it stays a plain copy). Returns true: every pair
+    // is staged or a fallback.
     for (const auto& c : chunks) {
       const int64_t n = static_cast<int64_t>(c.end - c.begin);
-      total += cap.launches(n) + 1 + (adjacent ? 0 : cap.launches(n));
-    }
-    if (total >= static_cast<int64_t>(idx.size())) return false;
-    for (const auto& c : chunks) {
+      const int64_t launches = cap.launches(n) + 1 + (adjacent ? 0 : cap.launches(n));
+      int64_t bytes_c = 0;
+      for (size_t k = c.begin; k < c.end; ++k) {
+        bytes_c += nbytes(srcs_[idx[k]]) + (adjacent ? 0 : nbytes(dsts_[idx[k]]));
+      }
+      if (launches >= n || bytes_c > cap.stage_bytes) {
+        for (size_t k = c.begin; k < c.end; ++k) plan_.fallback.push_back({idx[k], Kind::Dtype, 1});
+        continue;
+      }
       const auto begin = static_cast<int64_t>(plan_.stage_members.size());
       plan_.stage_members.insert(plan_.stage_members.end(), idx.begin() + c.begin, idx.begin() + c.end);
-      const int64_t n = static_cast<int64_t>(c.end - c.begin);
-      plan_.stages.push_back({begin, static_cast<int64_t>(plan_.stage_members.size()), c.numel, adjacent,
-                              cap.launches(n) + 1 + (adjacent ? 0 : cap.launches(n))});
+      plan_.stages.push_back({begin, static_cast<int64_t>(plan_.stage_members.size()), c.numel, adjacent, launches});
     }
     return true;
   }
@@ -585,7 +625,7 @@ class Planner {
         const auto begin = static_cast<int64_t>(plan_.group_members.size());
         plan_.group_members.insert(plan_.group_members.end(), idx.begin(), idx.end());
         plan_.groups.push_back({begin, static_cast<int64_t>(plan_.group_members.size()),
-                                cap->launches(static_cast<int64_t>(idx.size()))});
+                                cap->launches(static_cast<int64_t>(idx.size())), false});
         continue;
       }
       if (cap != nullptr && stage(idx, *cap)) continue;
@@ -612,6 +652,7 @@ class Planner {
 
   at::TensorList dsts_, srcs_;
   const CapabilityTable& caps_;
+  bool non_blocking_;
   std::vector<PairInfo> info_;
   std::vector<Interval> dst_iv_, src_iv_;
   std::vector<c10::Device> devices_;
@@ -646,73 +687,21 @@ void check_lists(at::TensorList dsts, at::TensorList srcs) {
               dsts.size(), " and ", srcs.size());
 }
 
-namespace {
-
-// Whether the device's own _foreach_copy_ takes one of its batched routes for this source-dtype
-// group: ATen's fast route (one (src, dst) pair the capability supports), or a uniform
-// host<->device transfer.
-bool device_batches(const std::vector<at::Tensor>& d, const std::vector<at::Tensor>& s, const Capability& cap) {
-  const auto st = s[0].scalar_type(), dt = d[0].scalar_type();
-  bool one_pair = true;
-  for (const auto& t : d) one_pair = one_pair && t.scalar_type() == dt;
-  if (one_pair && cap.supports(st, dt) &&
-      at::native::check_fast_path_restrictions({d, s}, {}, false, /*skip_cross_list_dtype_check=*/st != dt)) {
-    return true;
-  }
-  if (!cap.batched_transfers) return false;
-  for (const auto& t : d) {
-    if (t.device() != d[0].device()) return false;
-  }
-  for (const auto& t : s) {
-    if (t.device() != s[0].device()) return false;
-  }
-  return d[0].device().type() != s[0].device().type();
-}
-
-}  // namespace
-
-std::vector<uint8_t> stock_keeps_version(at::TensorList dsts, at::TensorList srcs, const CapabilityTable& caps) {
-  const Capability* cap = nullptr;
-  for (const auto& t : dsts) {
-    if (!t.defined() || t.is_cpu()) continue;
-    const Capability* c = caps.get(t.device().type());
-    if (c != nullptr && c->batched_keeps_versions) {
-      cap = c;
-      break;
-    }
-  }
-  if (cap == nullptr) return {};
-  std::vector<c10::ScalarType> keys;
-  std::vector<std::vector<int64_t>> groups;
-  for (size_t i = 0; i < srcs.size(); ++i) {
-    const auto k = srcs[i].scalar_type();
-    const size_t g = std::find(keys.begin(), keys.end(), k) - keys.begin();
-    if (g == keys.size()) {
-      keys.push_back(k);
-      groups.emplace_back();
-    }
-    groups[g].push_back(static_cast<int64_t>(i));
-  }
+std::vector<uint8_t> stock_keeps_version(at::TensorList dsts, at::TensorList srcs, bool non_blocking,
+                                         const CapabilityTable& caps) {
+  const DeviceRoutes r = device_routes(dsts, srcs, non_blocking, caps);
+  if (r.cap == nullptr) return {};
   std::vector<uint8_t> keep(dsts.size(), 0);
-  for (const auto& g : groups) {
-    std::vector<at::Tensor> d, s;
-    for (const int64_t i : g) {
-      d.push_back(dsts[i]);
-      s.push_back(srcs[i]);
-    }
-    if (device_batches(d, s, *cap)) {
-      for (const int64_t i : g) keep[i] = 1;
-    }
-  }
+  for (size_t i = 0; i < keep.size(); ++i) keep[i] = r.of_pair[i] != DeviceRoute::PerTensor;
   return keep;
 }
 
-Plan build_plan(at::TensorList dsts, at::TensorList srcs, const CapabilityTable& caps) {
-  return Planner(dsts, srcs, caps).run();
+Plan build_plan(at::TensorList dsts, at::TensorList srcs, const CapabilityTable& caps, bool non_blocking) {
+  return Planner(dsts, srcs, caps, non_blocking).run();
 }
 
 std::vector<int64_t> encode_plan(const Plan& p) {
-  constexpr int64_t kFormat = 2;
+  constexpr int64_t kFormat = 3;
   std::vector<int64_t> out{kFormat,
                            p.n,
                            static_cast<int64_t>(p.stock),
@@ -724,7 +713,8 @@ std::vector<int64_t> encode_plan(const Plan& p) {
                            static_cast<int64_t>(p.groups.size()),
                            static_cast<int64_t>(p.fallback.size()),
                            static_cast<int64_t>(p.empty.size()),
-                           static_cast<int64_t>(p.stages.size())};
+                           static_cast<int64_t>(p.stages.size()),
+                           p.stock_launches};
   out.reserve(out.size() + 2 * p.runs.size() + p.run_members.size() + 2 * p.groups.size() +
               p.group_members.size() + 3 * p.fallback.size() + p.empty.size());
   for (const auto& r : p.runs) {
@@ -735,6 +725,7 @@ std::vector<int64_t> encode_plan(const Plan& p) {
   for (const auto& g : p.groups) {
     out.push_back(g.end - g.begin);
     out.push_back(g.launches);
+    out.push_back(g.transfer ? 1 : 0);
     out.insert(out.end(), p.group_members.begin() + g.begin, p.group_members.begin() + g.end);
   }
   for (const auto& st : p.stages) {

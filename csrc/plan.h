@@ -42,6 +42,9 @@ struct Run {
 struct Group {
   int64_t begin, end;  // into Plan::group_members
   int64_t launches;
+  // A source-dtype group the device's own op sends as one batched host <-> device memcpy
+  // (device_routes.h): handed to that op as it is.
+  bool transfer;
 };
 
 // A stage: a cross-dtype group the device's batched kernel cannot convert, copied in fewer launches
@@ -74,11 +77,15 @@ struct Plan {
   int64_t fallback_launches = 0;
   // A whole_list_only device's list: its group goes to stock's op as it is.
   bool whole_list = false;
+  // A whole-stock plan on a device whose own op routes lists (device_routes.h): that op takes the
+  // call whole, issuing stock_launches launches.
+  bool own_op = false;
+  int64_t stock_launches = -1;
 };
 
 
 // Plans without touching data. Lists must be non-empty and of equal length (check first).
-Plan build_plan(at::TensorList dsts, at::TensorList srcs, const CapabilityTable& caps);
+Plan build_plan(at::TensorList dsts, at::TensorList srcs, const CapabilityTable& caps, bool non_blocking = false);
 
 // The plan as ints, for explain(): python_entry.cpp plan(); decoded by npu_dispatch/_native_plan.py.
 std::vector<int64_t> encode_plan(const Plan& p);
@@ -88,7 +95,8 @@ void check_lists(at::TensorList dsts, at::TensorList srcs);
 // Pairs whose version counter stock's own op leaves unmoved: on a device whose batched routes
 // keep versions (Capability::batched_keeps_versions), the pairs of each source-dtype group that
 // route takes, as op-plugin groups and routes a list. Empty when no pair is on such a device.
-std::vector<uint8_t> stock_keeps_version(at::TensorList dsts, at::TensorList srcs, const CapabilityTable& caps);
+std::vector<uint8_t> stock_keeps_version(at::TensorList dsts, at::TensorList srcs, bool non_blocking,
+                                         const CapabilityTable& caps);
 
 // Whether the tensor has a version counter: false for an inference
 // tensor and for one made in inference mode and given a normal tensor's `.data` (plain keys); true

@@ -25,7 +25,7 @@ KINDS = (
 # Flags in slot 0 of the count vector (csrc/execute.h).
 EXECUTED = 1
 BLOCKED = 2
-_FORMAT = 2
+_FORMAT = 3
 _N_PATHS = len(PATHS)
 
 
@@ -121,13 +121,18 @@ def decode_plan(v: Sequence[int], dsts: Sequence[torch.Tensor], srcs: Sequence[t
     """The :class:`Plan` encoded by ``npu_dispatch::_plan`` (layout: csrc/plan.cpp encode_plan)."""
     if v[0] != _FORMAT:
         raise RuntimeError(f"npu_dispatch: native plan format {v[0]}, expected {_FORMAT}")
-    n, stock, a, b, sub, fallback_launches, n_runs, n_groups, n_fallback, n_empty, n_stages = v[1:12]
+    n, stock, a, b, sub, fallback_launches, n_runs, n_groups, n_fallback, n_empty, n_stages, stock_launches = v[1:13]
     plan = Plan(n)
     if stock >= 0:
         # As in plan.py, pairs classified before the whole-stock decision stay listed.
         kind = KINDS[stock]
         plan.stock_reason = (kind, _stock_text(kind, a, b, sub, dsts, srcs))
-    pos = 12
+    plan.stock_launches = stock_launches if stock_launches >= 0 else None
+    if plan.stock_reason is not None and plan.stock_launches is not None:
+        kind, text = plan.stock_reason
+        text = text.replace(": kept as stock's sequential copy_ loop", "")
+        plan.stock_reason = (kind, f"{text}; the device's own _foreach_copy_ takes the whole call")
+    pos = 13
     for _ in range(n_runs):
         count, numel = v[pos], v[pos + 1]
         idx = list(v[pos + 2:pos + 2 + count])
@@ -135,11 +140,11 @@ def decode_plan(v: Sequence[int], dsts: Sequence[torch.Tensor], srcs: Sequence[t
         d0, s0 = dsts[idx[0]], srcs[idx[0]]
         plan.runs.append(Run(idx, numel, d0.device, s0.dtype, d0.dtype))
     for _ in range(n_groups):
-        count, launches = v[pos], v[pos + 1]
-        idx = list(v[pos + 2:pos + 2 + count])
-        pos += 2 + count
+        count, launches, transfer = v[pos:pos + 3]
+        idx = list(v[pos + 3:pos + 3 + count])
+        pos += 3 + count
         d0, s0 = dsts[idx[0]], srcs[idx[0]]
-        plan.groups.append(Group(idx, d0.device, s0.dtype, d0.dtype, launches))
+        plan.groups.append(Group(idx, d0.device, s0.dtype, d0.dtype, launches, bool(transfer), s0.device))
     for _ in range(n_stages):
         count, numel, adjacent, launches = v[pos:pos + 4]
         idx = list(v[pos + 4:pos + 4 + count])

@@ -24,9 +24,10 @@ Paths, in the order the executor issues them:
 - ``empty``: zero-element pairs; stock ``copy_`` does nothing for them either.
 
 On a device whose kernel batches many pairs a launch (npu), a coalesced run is kept only where it
-issues fewer launches than its pairs joining their foreach group, and a call none of whose pairs
-has a fast path goes to the device's own op whole (op-plugin may batch it, as a host<->device
-memcpy): the plan never issues more launches than the device's own op.
+issues fewer launches than its pairs joining their foreach group. Where the device's own op routes
+lists itself (op-plugin: ``csrc/device_routes.h``), a source-dtype group it sends as one batched
+host<->device memcpy is a *transfer group* handed to it as it is, and a whole-stock call (or one
+none of whose pairs has a fast path) goes to that op whole, with its launches, bytes and errors.
 
 Fast-route rules mirror ATen ``can_use_fast_route`` (``aten/src/ATen/native/ForeachUtils.h``):
 same device, strided, non-overlapping and dense, equal sizes, equal strides except on size-1 dims.
@@ -115,6 +116,10 @@ class Group:
     src_dtype: torch.dtype
     dst_dtype: torch.dtype
     launches: int
+    # A source-dtype group the device's own op copies as one batched host <-> device memcpy
+    # (op-plugin memcpyBatch), handed to it as it is; ``src_device`` is its sources' device.
+    transfer: bool = False
+    src_device: torch.device | None = None
 
 
 @dataclasses.dataclass
@@ -150,12 +155,14 @@ class Plan:
     reasons: dict[int, tuple[str, str]] = dataclasses.field(default_factory=dict)
     stock_reason: tuple[str, str] | None = None
     fallback_launches: int = 0
+    # A whole-stock call on a device whose own op routes lists: the launches that op issues.
+    stock_launches: int | None = None
 
     @property
     def launches(self) -> int:
         """Device launches the call issues (coalesced runs count one each)."""
         if self.stock_reason is not None:
-            return self.n
+            return self.n if self.stock_launches is None else self.stock_launches
         return (len(self.runs) + sum(g.launches for g in self.groups) + sum(s.launches for s in self.stages)
                 + self.fallback_launches)
 
@@ -170,6 +177,11 @@ class Plan:
                 f"{_dt(r.src_dtype)}->{_dt(r.dst_dtype)} on {r.device}"
             )
         for g in self.groups:
+            if g.transfer:
+                lines.append(
+                    f"  transfer group pairs {_span(g.indices)} ({len(g.indices)} tensors) "
+                    f"{g.src_device}->{g.device}: the device's own op, 1 batched memcpy")
+                continue
             lines.append(
                 f"  foreach group pairs {_span(g.indices)} ({len(g.indices)} tensors) "
                 f"{_dt(g.src_dtype)}->{_dt(g.dst_dtype)} on {g.device}: {g.launches} launch(es)"

@@ -204,6 +204,120 @@ def test_npu_errors_match_stock_and_write_what_stock_writes(version):
 
 
 # ---------------------------------------------------------------------------------------------
+# Lists the property test does not build: host <-> device, aliasing, raising, lazy bits
+
+
+def outcome(fn, make, non_blocking=False, below=False):
+    """Everything stock leaves observable: the error (type, first line), the destinations' bits
+    and version moves; and the device launches (never more than stock's)."""
+    dsts, srcs = make()
+    version = lambda t: None if t.is_inference() else t._version  # noqa: E731
+    versions = [version(d) for d in dsts]
+    reset_launches()
+    error = None
+    try:
+        if below:
+            with torch._C._AutoDispatchBelowADInplaceOrView():
+                fn(dsts, srcs, non_blocking)
+        else:
+            fn(dsts, srcs, non_blocking)
+    except Exception as e:  # noqa: BLE001  compared with stock's
+        error = (type(e), str(e).split("\n")[0])
+    counted = launches()
+    moved = [None if v is None else version(d) - v for d, v in zip(dsts, versions)]
+    return error, [bits(d).tolist() for d in dsts], moved, counted
+
+
+def stock_nb(dsts, srcs, non_blocking):
+    torch._foreach_copy_(dsts, srcs, non_blocking=non_blocking)
+
+
+def mode_nb(dsts, srcs, non_blocking):
+    with nd.NpuFastCopyMode():
+        torch._foreach_copy_(dsts, srcs, non_blocking=non_blocking)
+
+
+def direct_nb(dsts, srcs, non_blocking):
+    nd.foreach_copy_(dsts, srcs, non_blocking)
+
+
+def _z(n, dt=f32, dev="npu"):
+    return torch.zeros(n, dtype=dt, device=dev)
+
+
+def _aliasing_across_groups():
+    z = torch.full((4,), 3.0, dtype=bf16, device="npu")
+    return ([_z(4), z, _z(4, bf16)],
+            [torch.full((4,), 1.0, dtype=bf16, device="npu"), torch.full((4,), 7.0, device="npu"), z])
+
+
+def _chain():
+    base = [torch.full((4,), float(i), device="npu") for i in range(50)]
+    return base[:-1], base[1:]
+
+
+def _inference_dsts():
+    with torch.inference_mode():
+        d = [_z(4) for _ in range(3)]
+    return d, [torch.ones(4, device="npu") for _ in range(3)]
+
+
+SPECIAL_LISTS = {
+    "device_to_host": lambda: ([torch.zeros(4) for _ in range(3)], [torch.arange(4.0, device="npu") for _ in range(3)]),
+    "host_to_npu1": lambda: ([_z(4, dev="npu:1") for _ in range(3)], [torch.arange(4.0) for _ in range(3)]),
+    "host_to_device_two_dtypes": lambda: ([_z(4, bf16) for _ in range(2)], [torch.arange(4.0) for _ in range(2)]),
+    "host_to_device_transposed": lambda: ([_z(4).view(2, 2) for _ in range(2)],
+                                          [torch.arange(4.0).view(2, 2).t() for _ in range(2)]),
+    "transfer_beside_a_fast_pair": lambda: ([_z(4).view(2, 2) for _ in range(10)] + [_z(3, bf16)],
+                                            [torch.arange(4.0).view(2, 2).t() for _ in range(10)]
+                                            + [torch.ones(3, dtype=bf16, device="npu")]),
+    "aliasing_across_groups": _aliasing_across_groups,
+    "aliasing_chain": _chain,
+    "raising_in_the_second_group": lambda: ([_z(2), _z(2), _z(3)],
+                                            [torch.ones(2, device="npu"), torch.ones(2, dtype=bf16, device="npu"),
+                                             torch.ones(4, device="npu")]),
+    "raising_in_two_groups": lambda: ([_z(2), _z(3), _z(5)],
+                                      [torch.ones(2, device="npu"), torch.ones(4, dtype=bf16, device="npu"),
+                                       torch.ones(6, device="npu")]),
+    "inference_destinations": _inference_dsts,
+    "conjugate_source": lambda: ([_z(2, torch.complex64)], [torch.tensor([1 + 2j, 3 - 4j]).to("npu").conj()]),
+    "negative_source": lambda: ([_z(2)], [torch._neg_view(torch.tensor([1.0, -0.0]).to("npu"))]),
+    "one_cast_pair": lambda: ([_z(4, bf16)], [torch.arange(4.0, device="npu")]),
+    "mixed_destinations": lambda: ([_z(4, bf16 if k % 2 else f32) for k in range(20)],
+                                   [torch.arange(4.0, device="npu") for _ in range(20)]),
+}
+
+
+@pytest.mark.parametrize("below", [False, True], ids=["", "below_ad_inplace_or_view"])
+@pytest.mark.parametrize("non_blocking", [False, True], ids=["blocking", "non_blocking"])
+@pytest.mark.parametrize("name", sorted(SPECIAL_LISTS))
+def test_npu_lists_of_every_route_match_stock_in_bits_errors_versions_and_launches(name, non_blocking, below):
+    if not REAL:
+        cann("8.0.RC3")
+    make = SPECIAL_LISTS[name]
+    want = outcome(stock_nb, make, non_blocking, below)
+    for fn in (mode_nb, direct_nb):
+        got = outcome(fn, make, non_blocking, below)
+        assert got[:3] == want[:3], fn.__name__
+        assert total(got[3]) <= total(want[3]), (fn.__name__, got[3], want[3])
+
+
+def test_lazy_bits_and_views_round_trip_on_the_device():
+    if not REAL:
+        cann("8.0.RC3")
+    x = torch.tensor([1 + 2j, 3 - 4j])
+    assert torch.equal(x.to("npu").conj().cpu(), x.conj())
+    assert torch.equal(torch._neg_view(x.to("npu")).cpu(), -x)
+    z = torch.arange(6.0, device="npu")
+    z.unfold(0, 2, 2).fill_(9)  # a view: writes reach z
+    assert z.cpu().tolist() == [9.0] * 6
+    t = torch.zeros(4, device="npu:1")
+    t.untyped_storage().resize_(0)
+    t.untyped_storage().resize_(16)
+    assert t.untyped_storage().device == torch.device("npu", 1)
+
+
+# ---------------------------------------------------------------------------------------------
 # Launch counts per CANN version (N = 100 pairs of 64..163 elements)
 
 N = 100
@@ -308,6 +422,14 @@ def test_staged_cast_is_chunked_to_the_capabilitys_scratch_budget():
     assert all(torch.equal(a, b) for a, b in zip(want[0], got[0]))
     with nd.capabilities.override({"npu": dataclasses.replace(cap, stage_bytes=0)}):
         assert not nd.explain(dsts, srcs).stages
+    # A shard over the budget is copied by itself: its own chunk would cost more launches.
+    big = [torch.randn(2000, device="npu")] + srcs[:20]
+    dst_big = list(torch.split(torch.empty(sum(t.numel() for t in big), dtype=bf16, device="npu"),
+                               [t.numel() for t in big]))
+    with nd.capabilities.override({"npu": dataclasses.replace(cap, stage_bytes=budget)}):
+        plan = nd.explain(dst_big, big)
+        assert plan.fallback == [0] and all(0 not in st.indices for st in plan.stages)
+        assert all(sum(big[i].numel() * 4 for i in st.indices) <= budget for st in plan.stages)
 
 
 def test_stats_and_explain_name_the_staged_path():

@@ -6,6 +6,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
@@ -65,8 +66,12 @@ struct Guard final : c10::impl::DeviceGuardImplInterface {
       }
     }
   }
-  c10::Stream getStream(c10::Device d) const noexcept override {
+  static c10::DeviceIndex index_of(c10::Device d) {
     const auto i = d.index() < 0 ? current_device() : d.index();
+    return i < kDeviceCount ? i : current_device();
+  }
+  c10::Stream getStream(c10::Device d) const noexcept override {
+    const auto i = index_of(d);
     return c10::Stream(c10::Stream::UNSAFE, c10::Device(DeviceType::PrivateUse1, i), t_stream[i]);
   }
   c10::Stream getDefaultStream(c10::Device d) const override {
@@ -82,7 +87,7 @@ struct Guard final : c10::impl::DeviceGuardImplInterface {
   }
   c10::Stream exchangeStream(c10::Stream s) const noexcept override {
     const auto old = getStream(s.device());
-    t_stream[s.device_index()] = s.id();
+    t_stream[index_of(s.device())] = s.id();
     return old;
   }
   c10::DeviceIndex deviceCount() const noexcept override { return kDeviceCount; }
@@ -127,6 +132,7 @@ struct Hooks final : at::PrivateUse1HooksInterface {
   at::Device getDeviceFromPtr(void*) const override { return {DeviceType::PrivateUse1, current_device()}; }
   // FSDP2 frees and re-allocates unsharded parameters with untyped_storage().resize_().
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
+    const c10::DeviceGuard guard(storage.device());  // the new memory on the storage's device
     auto* impl = storage.unsafeGetStorageImpl();
     TORCH_CHECK(impl->resizable(), "Trying to resize storage that is not resizable");
     c10::DataPtr fresh = g_allocator.allocate(newsize);

@@ -50,7 +50,7 @@ class EmulatedHccl final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override {
     auto h = host(tensors);
     auto o = opts;
-    const bool avg = sum_for_avg(&o.reduceOp);
+    const bool avg = sum_for_avg(&o.reduceOp, h);
     gloo_->allreduce(h, o)->wait();
     if (avg) divide(h);
     return done(c10d::OpType::ALLREDUCE);
@@ -79,7 +79,7 @@ class EmulatedHccl final : public c10d::Backend {
     std::vector<std::vector<at::Tensor>> hi;
     for (const auto& l : inputs) hi.push_back(host(l));
     auto o = opts;
-    const bool avg = sum_for_avg(&o.reduceOp);
+    const bool avg = sum_for_avg(&o.reduceOp, ho);
     gloo_->reduce_scatter(ho, hi, o)->wait();
     if (avg) divide(ho);
     return done(c10d::OpType::REDUCE_SCATTER);
@@ -90,7 +90,7 @@ class EmulatedHccl final : public c10d::Backend {
     std::vector<at::Tensor> ho{host_or_self(output)};
     auto hi = host_or_self(input);
     auto o = opts;
-    const bool avg = sum_for_avg(&o.reduceOp);
+    const bool avg = sum_for_avg(&o.reduceOp, ho);
     // One wait: a second wait() of gloo's reduce-scatter copies its sum over the divide below.
     gloo_->_reduce_scatter_base(ho[0], hi, o)->wait();
     if (avg) divide(ho);
@@ -106,17 +106,17 @@ class EmulatedHccl final : public c10d::Backend {
   static c10::intrusive_ptr<c10d::Work> done(c10d::OpType op) { return c10::make_intrusive<DoneWork>(op); }
 
   // Gloo has no AVG: a sum, then a divide by the world size (HCCL's AVG result for floats).
-  static bool sum_for_avg(c10d::ReduceOp* op) {
+  static bool sum_for_avg(c10d::ReduceOp* op, const std::vector<at::Tensor>& ts) {
     if (op->op_ != c10d::ReduceOp::AVG) return false;
+    for (const auto& t : ts) {
+      TORCH_CHECK(at::isFloatingType(t.scalar_type()), "emulated_hccl: ReduceOp.AVG needs floating-point tensors");
+    }
     *op = c10d::ReduceOp(c10d::ReduceOp::SUM);
     return true;
   }
 
   void divide(std::vector<at::Tensor>& ts) const {
-    for (auto& t : ts) {
-      TORCH_CHECK(at::isFloatingType(t.scalar_type()), "emulated_hccl: ReduceOp.AVG needs floating-point tensors");
-      t.div_(size_);
-    }
+    for (auto& t : ts) t.div_(size_);
   }
 
   c10::intrusive_ptr<c10d::Backend> gloo_;

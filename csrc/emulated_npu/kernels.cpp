@@ -7,7 +7,11 @@
 #include <ATen/native/Resize.h>
 #include <ATen/ops/as_strided_cpu_dispatch.h>
 #include <ATen/ops/from_blob.h>
+#include <ATen/ops/_neg_view.h>
 #include <ATen/ops/view_native.h>
+#include <ATen/ops/unfold_native.h>
+#include <ATen/ops/view_as_complex_native.h>
+#include <ATen/ops/view_as_real_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/set_native.h>
 #include <ATen/ops/resize_native.h>
@@ -19,11 +23,15 @@
 
 namespace npu_dispatch::emulated_npu {
 
-// A CPU tensor over the same host memory (zero-copy): what a device kernel computes on.
+// A CPU tensor over the same host memory (zero-copy), with the tensor's lazy conjugate and negative
+// bits: what a device kernel computes on.
 at::Tensor host_view(const at::Tensor& t) {
   void* p = t.numel() == 0 ? nullptr : const_cast<void*>(t.const_data_ptr());
-  if (p == nullptr) return at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kCPU));
-  return at::from_blob(p, t.sizes(), t.strides(), t.options().device(at::kCPU));
+  at::Tensor h = p == nullptr ? at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kCPU))
+                              : at::from_blob(p, t.sizes(), t.strides(), t.options().device(at::kCPU));
+  if (t.is_conj()) h = h.conj();
+  if (t.is_neg()) h = at::_neg_view(h);
+  return h;
 }
 
 at::Tensor host_or_self(const at::Tensor& t) { return t.is_cpu() ? t : host_view(t); }
@@ -66,6 +74,7 @@ at::Tensor reshape_alias(const at::Tensor& self, c10::SymIntArrayRef size, c10::
 }
 
 const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size, std::optional<at::MemoryFormat> fmt) {
+  const c10::DeviceGuard guard(self.device());  // a grown storage stays on its device
   return at::native::resize_(self, C10_AS_INTARRAYREF_SLOW(size), fmt);
 }
 
@@ -114,6 +123,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("as_strided", as_strided);
   m.impl("view", view);
   m.impl("_reshape_alias", reshape_alias);
+  // Views the CPU fallback cannot give (its results would be copies): ATen's strided ones.
+  m.impl("unfold", TORCH_FN(at::native::unfold));
+  m.impl("view_as_real", TORCH_FN(at::native::view_as_real));
+  m.impl("view_as_complex", TORCH_FN(at::native::view_as_complex));
   m.impl("resize_", resize_);
   m.impl("_copy_from", copy_from);
   m.impl("_copy_from_and_resize", copy_from_and_resize);
@@ -125,5 +138,11 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>()); }
+
+// A copy from or into a lazily conjugated or negated npu tensor reaches _copy_from with its bits
+// (host_view carries them): the Conjugate / Negative fallbacks would materialize through copy_,
+// which comes back here, without end.
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) { m.impl("_copy_from", torch::CppFunction::makeFallthrough()); }
+TORCH_LIBRARY_IMPL(aten, Negative, m) { m.impl("_copy_from", torch::CppFunction::makeFallthrough()); }
 
 }  // namespace npu_dispatch::emulated_npu

@@ -1,5 +1,5 @@
 // The emulated Ascend device's process state: its current device and stream per thread, its CANN
-// version, and the launch counts the model of op-plugin's kernels keeps (launches.cpp).
+// version, and the launch counts the model of op-plugin's kernels keeps (state.cpp).
 #pragma once
 
 #include <c10/core/Device.h>
