@@ -13,6 +13,8 @@
 
 #include "copy_call.h"
 #include "execute.h"
+#include "fsdp_copies.h"
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include "mode_scope.h"
 #include "plan.h"
 
@@ -96,10 +98,64 @@ std::tuple<at::Tensor, at::Tensor> fsdp_all_gather_copy_in(c10::DispatchKeySet k
   return result;
 }
 
+using SplitCopyFn = void(const at::Tensor&, c10::SymIntArrayRef, int64_t, at::TensorList);
+
+int64_t total_bytes(at::TensorList ts) {
+  int64_t b = 0;
+  for (const auto& t : ts) b += t.numel() * static_cast<int64_t>(t.element_size());
+  return b;
+}
+
+bool bumps_here() { return !c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView); }
+
+// FSDP2's all-gather copy-out (fsdp_copies.h); refused calls go on to FSDP's kernel unchanged.
+void fsdp_split_with_sizes_copy(c10::DispatchKeySet ks, const at::Tensor& src, c10::SymIntArrayRef sizes, int64_t dim,
+                                at::TensorList out) {
+  ModeScope* s = serving(&src);
+  const auto concrete = c10::asIntArrayRefSlowOpt(sizes);
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("fsdp::split_with_sizes_copy", "").typed<SplitCopyFn>();
+  if (s == nullptr || s->probe || !concrete) {
+    op.redispatch(ks & kAfterBackendSelect, src, sizes, dim, out);
+    return;
+  }
+  const int64_t t0 = now_ns();
+  Kind why = Kind::MayRaise;
+  auto counts = split_with_sizes_copy(src, *concrete, dim, out, false, bumps_here(), &why);
+  if (!counts) {
+    op.redispatch(ks & kAfterBackendSelect, src, sizes, dim, out);
+    counts = stock_counts(why, std::max<int64_t>(static_cast<int64_t>(out.size()), 1), total_bytes(out));
+  }
+  s->stats->record(kOpFsdpSplitWithSizesCopy, *counts, now_ns() - t0);
+}
+
+using ChunkCatFn = void(at::TensorList, int64_t, int64_t, const at::Tensor&);
+
+// FSDP2's reduce-scatter copy-in (fsdp_copies.h); refused calls go on to FSDP's kernel unchanged.
+void fsdp_chunk_cat(c10::DispatchKeySet ks, at::TensorList tensors, int64_t dim, int64_t num_chunks,
+                    const at::Tensor& out) {
+  ModeScope* s = serving(&out);
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("fsdp::chunk_cat", "").typed<ChunkCatFn>();
+  if (s == nullptr || s->probe) {
+    op.redispatch(ks & kAfterBackendSelect, tensors, dim, num_chunks, out);
+    return;
+  }
+  const int64_t t0 = now_ns();
+  Kind why = Kind::MayRaise;
+  auto counts = chunk_cat(tensors, dim, num_chunks, out, false, bumps_here(), &why);
+  if (!counts) {
+    op.redispatch(ks & kAfterBackendSelect, tensors, dim, num_chunks, out);
+    counts = stock_counts(why, std::max<int64_t>(static_cast<int64_t>(tensors.size()), 1), total_bytes({out}));
+  }
+  s->stats->record(kOpFsdpChunkCat, *counts, now_ns() - t0);
+}
+
 // Which counted op a passthrough op's calls go under.
 CountedOp counted_as(const c10::OperatorName& name) {
   if (name.name == "aten::_foreach_copy_") return kOpAtenForeachCopy;
   if (name.name == "aten::_foreach_copy") return kOpAtenForeachCopyFunctional;
+  if (name.name == "fsdp::split_with_sizes_copy") return kOpFsdpSplitWithSizesCopy;
+  if (name.name == "fsdp::chunk_cat") return kOpFsdpChunkCat;
   return kOpFsdpAllGatherCopyIn;
 }
 
@@ -135,9 +191,20 @@ void install_aten_interception() {
   });
 }
 
-void install_fsdp_interception() {
-  static std::once_flag once;
-  std::call_once(once, [] { library("fsdp")->impl("all_gather_copy_in", TORCH_FN(fsdp_all_gather_copy_in)); });
+void install_fsdp_interception(const std::string& name) {
+  static std::mutex m;
+  static std::set<std::string> done;
+  std::lock_guard<std::mutex> g(m);
+  if (!done.insert(name).second) return;
+  if (name == "all_gather_copy_in") {
+    library("fsdp")->impl("all_gather_copy_in", TORCH_FN(fsdp_all_gather_copy_in));
+  } else if (name == "split_with_sizes_copy") {
+    library("fsdp")->impl("split_with_sizes_copy", TORCH_FN(fsdp_split_with_sizes_copy));
+  } else if (name == "chunk_cat") {
+    library("fsdp")->impl("chunk_cat", TORCH_FN(fsdp_chunk_cat));
+  } else {
+    TORCH_CHECK(false, "npu_dispatch: no interception kernel for fsdp::", name);
+  }
 }
 
 void install_passthrough(const std::string& op_name, const std::string& overload) {

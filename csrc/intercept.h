@@ -15,9 +15,9 @@ namespace npu_dispatch {
 // Registers the aten kernels (once per process; the registration lasts the process, and a
 // kernel with no mode entered only redispatches).
 void install_aten_interception();
-// Registers the fsdp::all_gather_copy_in kernel: call only once the op exists with the schema this
-// library serves (npu_dispatch/mode.py checks it).
-void install_fsdp_interception();
+// Registers the kernel of fsdp::<name> (all_gather_copy_in, split_with_sizes_copy, chunk_cat): call
+// only once the op exists with the schema this library serves (npu_dispatch/mode.py checks it).
+void install_fsdp_interception(const std::string& name);
 // For an owned op whose installed schema is not the one this library serves: a boxed kernel
 // that counts each call inside a mode (reason "schema") and redispatches it unchanged.
 void install_passthrough(const std::string& op_name, const std::string& overload);

@@ -18,6 +18,10 @@ enum CountedOp : int {
   kOpAtenForeachCopy,
   kOpAtenForeachCopyFunctional,
   kOpFsdpAllGatherCopyIn,
+  kOpSplitWithSizesCopy,
+  kOpChunkCat,
+  kOpFsdpSplitWithSizesCopy,
+  kOpFsdpChunkCat,
   kNumCountedOps
 };
 

@@ -25,11 +25,15 @@
 #include "mode_scope.h"
 #include <torch/csrc/autograd/forward_grad.h>
 #include "native_stats.h"
+#include "fsdp_copies.h"
+#include "execute.h"
+#include <ATen/ops/_chunk_cat.h>
+#include <ATen/ops/split_with_sizes_copy.h>
 
 namespace {
 
 // Bumped whenever this module's functions or the count layouts change (_native.py checks it).
-constexpr int64_t kAbiVersion = 11;
+constexpr int64_t kAbiVersion = 12;
 
 // Strong references to the list items for the whole call: another thread may mutate the lists
 // while the GIL is released.
@@ -231,6 +235,112 @@ PyObject* to_tuple_or_none(const std::vector<int64_t>& v) {
   return to_tuple(v);
 }
 
+bool int_list(PyObject* seq, const char* name, std::vector<int64_t>* out) {
+  PyObject* fast = PySequence_Fast(seq, "expected a list or tuple of ints");
+  if (fast == nullptr) return false;
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    const long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
+    if (v == -1 && PyErr_Occurred()) {
+      PyErr_Format(PyExc_TypeError, "%s[%zd] is not an int", name, i);
+      Py_DECREF(fast);
+      return false;
+    }
+    out->push_back(v);
+  }
+  Py_DECREF(fast);
+  return true;
+}
+
+bool one_tensor(PyObject* o, const char* name, at::Tensor* out) {
+  if (!THPVariable_Check(o)) {
+    PyErr_Format(PyExc_TypeError, "%s is a %s, not a Tensor", name, Py_TYPE(o)->tp_name);
+    return false;
+  }
+  *out = THPVariable_Unpack(o);
+  return true;
+}
+
+// `bump`: None is stock's rule where the call is made (below ADInplaceOrView, none).
+bool bump_arg(PyObject* o) {
+  return o == Py_None ? !c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView)
+                      : PyObject_IsTrue(o) == 1;
+}
+
+// A served call's counts; a refused one runs stock's op here (its checks, messages, warnings,
+// writes and bumps), or under `strict` writes nothing and reports the reason blocked.
+template <typename Serve, typename Stock>
+std::vector<int64_t> serve_or_stock(bool strict, int64_t pairs, Serve serve, Stock stock) {
+  npu_dispatch::Kind why = npu_dispatch::Kind::MayRaise;
+  std::optional<std::vector<int64_t>> counts;
+  {
+    pybind11::gil_scoped_release no_gil;
+    counts = serve(&why);
+  }
+  if (counts) return *counts;
+  if (strict) {
+    std::vector<int64_t> v(npu_dispatch::kCountsLen, 0);
+    v[0] = npu_dispatch::kBlocked;
+    v[npu_dispatch::reason_slot(why)] = pairs;
+    return v;
+  }
+  return npu_dispatch::stock_counts(why, pairs, stock());
+}
+
+// split_with_sizes_copy(src, sizes, dim, out, strict, bump: bool | None) -> tuple of ints
+// (execute.h): fsdp_copies.h, else aten::split_with_sizes_copy.out.
+PyObject* split_with_sizes_copy(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (!arity(nargs, 6, 6, "split_with_sizes_copy(src, sizes, dim, out, strict, bump)")) return nullptr;
+  PyRefs refs;
+  at::Tensor src;
+  std::vector<int64_t> sizes;
+  npu_dispatch::BorrowedTensors out;
+  if (!one_tensor(args[0], "all_gather_output", &src) || !int_list(args[1], "all_gather_input_split_sizes", &sizes) ||
+      !unpack(args[3], "out", &refs, &out)) {
+    return nullptr;
+  }
+  const int64_t dim = PyLong_AsLongLong(args[2]);
+  if (dim == -1 && PyErr_Occurred()) return nullptr;
+  const bool strict = PyObject_IsTrue(args[4]) == 1;
+  const bool bump = bump_arg(args[5]);
+  return to_tuple(serve_or_stock(
+      strict, std::max<int64_t>(static_cast<int64_t>(out.size()), 1),
+      [&](npu_dispatch::Kind* why) { return npu_dispatch::split_with_sizes_copy(src, sizes, dim, out, strict, bump, why); },
+      [&] {
+        at::split_with_sizes_copy_out(out, src, sizes, dim);
+        int64_t bytes = 0;
+        for (const auto& o : out.list()) bytes += o.numel() * static_cast<int64_t>(o.element_size());
+        return bytes;
+      }));
+  END_HANDLE_TH_ERRORS
+}
+
+// chunk_cat(tensors, dim, num_chunks, out, strict, bump: bool | None) -> tuple of ints
+// (execute.h): fsdp_copies.h, else aten::_chunk_cat.out.
+PyObject* chunk_cat(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (!arity(nargs, 6, 6, "chunk_cat(tensors, dim, num_chunks, out, strict, bump)")) return nullptr;
+  PyRefs refs;
+  npu_dispatch::BorrowedTensors tensors;
+  at::Tensor out;
+  if (!unpack(args[0], "tensors", &refs, &tensors) || !one_tensor(args[3], "out", &out)) return nullptr;
+  const int64_t dim = PyLong_AsLongLong(args[1]);
+  if (dim == -1 && PyErr_Occurred()) return nullptr;
+  const int64_t num_chunks = PyLong_AsLongLong(args[2]);
+  if (num_chunks == -1 && PyErr_Occurred()) return nullptr;
+  const bool strict = PyObject_IsTrue(args[4]) == 1;
+  const bool bump = bump_arg(args[5]);
+  return to_tuple(serve_or_stock(
+      strict, std::max<int64_t>(static_cast<int64_t>(tensors.size()), 1),
+      [&](npu_dispatch::Kind* why) { return npu_dispatch::chunk_cat(tensors, dim, num_chunks, out, strict, bump, why); },
+      [&] {
+        at::_chunk_cat_out(out, tensors, dim, num_chunks);
+        return out.numel() * static_cast<int64_t>(out.element_size());
+      }));
+  END_HANDLE_TH_ERRORS
+}
+
 // scope_new(probe) -> int: a scope for one NpuFastCopyMode (mode_scope.h). `probe`: the
 // benchmark's floor, taking every call the kernels would serve and doing nothing.
 PyObject* scope_new(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
@@ -274,13 +384,17 @@ PyObject* scope_drain(PyObject* /*self*/, PyObject* const* args, Py_ssize_t narg
   END_HANDLE_TH_ERRORS
 }
 
-// install(fsdp: bool) -> None: the interception kernels (intercept.h); `fsdp` once
-// fsdp::all_gather_copy_in exists with the schema served here.
+// install(fsdp_ops: list[str]) -> None: the interception kernels (intercept.h): the aten ops, and
+// the fsdp:: ops named (those that exist with the schema served here).
 PyObject* install(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
-  if (!arity(nargs, 1, 1, "install(fsdp)")) return nullptr;
+  if (!arity(nargs, 1, 1, "install(fsdp_ops)")) return nullptr;
   npu_dispatch::install_aten_interception();
-  if (PyObject_IsTrue(args[0]) == 1) npu_dispatch::install_fsdp_interception();
+  for (PyObject* name : py_items(args[0])) {
+    const char* s = PyUnicode_AsUTF8(name);
+    if (s == nullptr) return nullptr;
+    npu_dispatch::install_fsdp_interception(s);
+  }
   Py_RETURN_NONE;
   END_HANDLE_TH_ERRORS
 }
@@ -374,6 +488,10 @@ PyObject* set_capabilities(PyObject* /*self*/, PyObject* const* args, Py_ssize_t
 PyMethodDef methods[] = {
     {"plan", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&plan)), METH_FASTCALL,
      "The plan of one _foreach_copy_, encoded; nothing is written."},
+    {"split_with_sizes_copy", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&split_with_sizes_copy)),
+     METH_FASTCALL, "FSDP2's all-gather copy-out through the fast path; returns the count vector."},
+    {"chunk_cat", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&chunk_cat)), METH_FASTCALL,
+     "FSDP2's reduce-scatter copy-in through the fast path; returns the count vector."},
     {"foreach_copy_planned", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&foreach_copy_planned)),
      METH_FASTCALL, "Plan and execute one _foreach_copy_; returns the count vector."},
     {"foreach_copy_direct", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&foreach_copy_direct)),

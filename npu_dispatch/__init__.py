@@ -7,13 +7,15 @@ from . import capabilities
 from .errors import FastCopyFallbackError, FastCopyMismatchError
 from .explain import explain
 from .mode import NpuFastCopyMode
-from .ops import all_gather_copy_in, foreach_copy_
+from .ops import all_gather_copy_in, chunk_cat, foreach_copy_, split_with_sizes_copy
 from .stats import CopyStats, global_stats
 
 __all__ = [
     "NpuFastCopyMode",
     "foreach_copy_",
     "all_gather_copy_in",
+    "split_with_sizes_copy",
+    "chunk_cat",
     "explain",
     "capabilities",
     "CopyStats",

@@ -24,7 +24,7 @@ from .errors import FastCopyFallbackError, FastCopyMismatchError
 from .plan import Plan
 from .stats import CopyStats
 
-__all__ = ["busy", "foreach_copy", "all_gather_copy_in", "no_native_error"]
+__all__ = ["busy", "foreach_copy", "all_gather_copy_in", "split_with_sizes_copy", "chunk_cat", "no_native_error"]
 
 _local = threading.local()
 _aten_foreach_copy_ = torch.ops.aten._foreach_copy_.default
@@ -191,3 +191,86 @@ def all_gather_copy_in(
     with torch.no_grad():
         foreach_copy(dsts, all_gather_inputs, False, stats=stats, op=op, strict=strict, verify=verify, bump=bump)
     return all_gather_input, all_gather_output
+
+
+def _reason_text(reasons: dict) -> str:
+    return ", ".join(sorted(reasons)) or "unknown"
+
+
+def _checked(op: str, v, stats: CopyStats, start: float) -> None:
+    flags, counts, reasons = decode_counts(v)
+    if flags & BLOCKED:
+        raise FastCopyFallbackError(f"npu_dispatch strict: {op} falls back: {_reason_text(reasons)}")
+    stats.record_counts(op, counts, reasons, time.perf_counter() - start)
+
+
+def _compare(op: str, got: Sequence[torch.Tensor], want: Sequence[torch.Tensor]) -> None:
+    for i, (g, w) in enumerate(zip(got, want)):
+        if not torch.equal(_bits(g), _bits(w)):
+            raise FastCopyMismatchError(f"npu_dispatch verify: out[{i}] of {op} differs bitwise from stock")
+
+
+def split_with_sizes_copy(
+    all_gather_output: torch.Tensor,
+    all_gather_input_split_sizes: Sequence[int],
+    dim: int,
+    out: Sequence[torch.Tensor],
+    *,
+    stats: CopyStats,
+    op: str = "fsdp.split_with_sizes_copy",
+    strict: bool = False,
+    verify: bool = False,
+    bump: bool | None = True,
+) -> None:
+    """FSDP2's all-gather copy-out, ``torch.split_with_sizes_copy(all_gather_output, sizes, dim,
+    out=out)``, through csrc/fsdp_copies.h: served calls in one kernel pass (CPU) or one planned
+    ``_foreach_copy_`` of row views (a device); others by stock's op, with its errors, warnings
+    and writes. ``bump``: as :func:`foreach_copy` (each ``out[i]`` once)."""
+    module = _native.module()
+    if module is None:
+        torch.split_with_sizes_copy(all_gather_output, list(all_gather_input_split_sizes), dim, out=list(out))
+        stats.record_passthrough(op, "no_native", len(out))
+        return
+    start = time.perf_counter()
+    ref = None
+    if verify:
+        ref = _reference(out)
+        torch.split_with_sizes_copy(all_gather_output, list(all_gather_input_split_sizes), dim, out=ref)
+    with _inside():
+        v = module.split_with_sizes_copy(all_gather_output, list(all_gather_input_split_sizes), dim, list(out),
+                                         strict, bump)
+    _checked(op, v, stats, start)
+    if ref is not None:
+        _compare(op, out, ref)
+
+
+def chunk_cat(
+    tensors: Sequence[torch.Tensor],
+    dim: int,
+    num_chunks: int,
+    out: torch.Tensor,
+    *,
+    stats: CopyStats,
+    op: str = "fsdp.chunk_cat",
+    strict: bool = False,
+    verify: bool = False,
+    bump: bool | None = True,
+) -> None:
+    """FSDP2's reduce-scatter copy-in, ``torch._chunk_cat(tensors, dim, num_chunks, out=out)``,
+    through csrc/fsdp_copies.h (padding and the widening cast inside the pass), else stock's op.
+    ``bump``: as :func:`foreach_copy` (``out`` once)."""
+    module = _native.module()
+    if module is None:
+        torch._chunk_cat(list(tensors), dim, num_chunks, out=out)
+        stats.record_passthrough(op, "no_native", len(tensors))
+        return
+    start = time.perf_counter()
+    ref = None
+    if verify:
+        ref = _reference([out])
+        torch._chunk_cat(list(tensors), dim, num_chunks, out=ref[0])
+    with _inside():
+        v = module.chunk_cat(list(tensors), dim, num_chunks, out, strict, bump)
+    _checked(op, v, stats, start)
+    if ref is not None:
+        _compare(op, [out], ref)

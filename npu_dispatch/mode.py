@@ -25,18 +25,30 @@ log = logging.getLogger("npu_dispatch")
 aten = torch.ops.aten
 
 _FSDP_SCHEMA = ("all_gather_inputs", "all_gather_output", "inp_split_sizes", "all_gather_input_numel", "rank")
+# The FSDP2 copy ops served, with the schemas the C++ kernels were written for (torch 2.13 and
+# 2.14, torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py).
+FSDP_SCHEMAS = {
+    "all_gather_copy_in": "fsdp::all_gather_copy_in(Tensor[] all_gather_inputs, Tensor all_gather_output, "
+                          "SymInt[] inp_split_sizes, SymInt all_gather_input_numel, SymInt rank) -> (Tensor, Tensor)",
+    "split_with_sizes_copy": "fsdp::split_with_sizes_copy(Tensor all_gather_output, SymInt[] "
+                             "all_gather_input_split_sizes, int dim=0, *, Tensor(a!)[] out) -> ()",
+    "chunk_cat": "fsdp::chunk_cat(Tensor[] tensors, int dim, int num_chunks, *, Tensor(a!) out) -> ()",
+}
 
 
-def _fsdp_op():
-    """``(fsdp.all_gather_copy_in.default or None, why not served or None)``."""
+def _fsdp_ops() -> dict:
+    """``{name: (fsdp.<name>.default, why not served or None)}`` for the FSDP copy ops that exist."""
     if not torch.distributed.is_available():
-        return None, "torch built without distributed"
+        return {}
     importlib.import_module("torch.distributed.fsdp._fully_shard._fsdp_collectives")  # defines fsdp::
-    op = torch.ops.fsdp.all_gather_copy_in.default
-    names = tuple(a.name for a in op._schema.arguments)
-    if names != _FSDP_SCHEMA:
-        return op, f"unsupported fsdp::all_gather_copy_in schema {op._schema}"
-    return op, None
+    found = {}
+    for name, schema in FSDP_SCHEMAS.items():
+        packet = getattr(torch.ops.fsdp, name, None)
+        if packet is None:
+            continue
+        op = packet.default
+        found[name] = (op, None if str(op._schema) == schema else f"unsupported fsdp::{name} schema {op._schema}")
+    return found
 
 
 # Filled on the first NpuFastCopyMode(): finding the FSDP op imports FSDP, which `import
@@ -75,26 +87,32 @@ def _install() -> None:
         aten._foreach_copy.default: _foreach_copy,
         torch.ops.npu_dispatch.foreach_copy_.default: _foreach_copy_,
         torch.ops.npu_dispatch.all_gather_copy_in.default: _all_gather_copy_in,
+        torch.ops.npu_dispatch.split_with_sizes_copy.default: _split_with_sizes_copy,
+        torch.ops.npu_dispatch.chunk_cat.default: _chunk_cat,
     }
+    fsdp_handlers = {"all_gather_copy_in": _all_gather_copy_in, "split_with_sizes_copy": _split_with_sizes_copy,
+                     "chunk_cat": _chunk_cat}
     entries = dict(handlers)
-    fsdp, why = _fsdp_op()
-    if fsdp is not None and why is None:
-        entries[fsdp] = _all_gather_copy_in
-    elif fsdp is not None:
-        log.warning("npu_dispatch: passing fsdp.all_gather_copy_in through to stock: %s", why)
-        entries[fsdp] = None
+    fsdp = _fsdp_ops()
+    for name, (op, why) in fsdp.items():
+        if why is None:
+            entries[op] = fsdp_handlers[name]
+        else:
+            log.warning("npu_dispatch: passing fsdp.%s through to stock: %s", name, why)
+            entries[op] = None
     module = _native.module()
     refused = _interception_refused() if module is not None else None
     if refused is not None:
         log.warning("npu_dispatch: NpuFastCopyMode takes the Python dispatch-mode path (a per-op cost): %s", refused)
         _NO_INTERCEPTION.append(refused)
     elif module is not None:
-        module.install(fsdp is not None and why is None)
-        if fsdp is not None and why is not None:
-            module.install_passthrough("fsdp::all_gather_copy_in", "")
+        module.install([name for name, (_, why) in fsdp.items() if why is None])
+        for name, (_, why) in fsdp.items():
+            if why is not None:
+                module.install_passthrough(f"fsdp::{name}", "")
     else:
         _install_no_native_counters([aten._foreach_copy_.default, aten._foreach_copy.default]
-                                    + ([fsdp] if fsdp is not None else []))
+                                    + [op for op, _ in fsdp.values()])
     _TABLE.update({id(op): (op, h, f"{op.namespace}.{op._opname}") for op, h in entries.items()})
 
 
@@ -183,6 +201,18 @@ def _all_gather_copy_in(mode, op, args, kwargs):
     bound = list(args) + [kwargs[k] for k in _FSDP_SCHEMA[len(args):]]
     return engine.all_gather_copy_in(*bound, stats=mode.stats, op=op, strict=mode.strict, verify=mode.verify,
                                      force_views=True)
+
+
+def _split_with_sizes_copy(mode, op, args, kwargs):
+    src, sizes = args[0], args[1]
+    dim = args[2] if len(args) > 2 else kwargs.get("dim", 0)
+    engine.split_with_sizes_copy(src, sizes, dim, kwargs["out"], stats=mode.stats, op=op, strict=mode.strict,
+                                 verify=mode.verify)
+
+
+def _chunk_cat(mode, op, args, kwargs):
+    engine.chunk_cat(args[0], args[1], args[2], kwargs["out"], stats=mode.stats, op=op, strict=mode.strict,
+                     verify=mode.verify)
 
 
 def _infra_mode_below(get=torch._C._get_dispatch_mode, proxy=torch._C._TorchDispatchModeKey.PROXY,

@@ -16,7 +16,7 @@ import torch.autograd.forward_ad as _fwad
 from . import _native, engine
 from . import stats as _stats
 
-__all__ = ["foreach_copy_", "all_gather_copy_in"]
+__all__ = ["foreach_copy_", "all_gather_copy_in", "split_with_sizes_copy", "chunk_cat"]
 
 _lib = torch.library.Library("npu_dispatch", "DEF")
 _lib.define("foreach_copy_(Tensor(a!)[] self, Tensor[] src, bool non_blocking=False) -> ()")
@@ -24,6 +24,9 @@ _lib.define(
     "all_gather_copy_in(Tensor[] all_gather_inputs, Tensor all_gather_output, "
     "SymInt[] inp_split_sizes, SymInt all_gather_input_numel, SymInt rank) -> (Tensor, Tensor)"
 )
+_lib.define("split_with_sizes_copy(Tensor all_gather_output, SymInt[] all_gather_input_split_sizes, int dim=0, *, "
+            "Tensor(a!)[] out) -> ()")
+_lib.define("chunk_cat(Tensor[] tensors, int dim, int num_chunks, *, Tensor(a!) out) -> ()")
 
 
 def _foreach_copy_kernel(self: list[torch.Tensor], src: list[torch.Tensor], non_blocking: bool = False) -> None:
@@ -38,12 +41,23 @@ def _all_gather_copy_in_kernel(all_gather_inputs, all_gather_output, inp_split_s
     )
 
 
+def _split_with_sizes_copy_kernel(all_gather_output, all_gather_input_split_sizes, dim=0, *, out):
+    engine.split_with_sizes_copy(all_gather_output, all_gather_input_split_sizes, dim, out, stats=_stats._GLOBAL,
+                                 op="npu_dispatch.split_with_sizes_copy", bump=None)
+
+
+def _chunk_cat_kernel(tensors, dim, num_chunks, *, out):
+    engine.chunk_cat(tensors, dim, num_chunks, out, stats=_stats._GLOBAL, op="npu_dispatch.chunk_cat", bump=None)
+
+
 # CompositeExplicitAutograd serves every backend with one kernel. Once the native library loads,
 # its C++ kernels take the CPU, CUDA and PrivateUse1 keys (csrc/register.cpp); these stay for the
 # rest (meta...), where they call the same C++ planner, and for machines without a compiler, where
 # they call the stock op (counted as ``no_native``).
 _lib.impl("foreach_copy_", _foreach_copy_kernel, "CompositeExplicitAutograd")
 _lib.impl("all_gather_copy_in", _all_gather_copy_in_kernel, "CompositeExplicitAutograd")
+_lib.impl("split_with_sizes_copy", _split_with_sizes_copy_kernel, "CompositeExplicitAutograd")
+_lib.impl("chunk_cat", _chunk_cat_kernel, "CompositeExplicitAutograd")
 
 
 def _has_tangent(*lists) -> bool:
@@ -81,6 +95,17 @@ def _foreach_copy_fake(self, src, non_blocking=False):
 def _all_gather_copy_in_fake(all_gather_inputs, all_gather_output, inp_split_sizes, all_gather_input_numel, rank):
     all_gather_input = all_gather_output.narrow(0, all_gather_input_numel * rank, all_gather_input_numel)
     return all_gather_input, all_gather_output
+
+
+@torch.library.register_fake("npu_dispatch::split_with_sizes_copy")
+def _split_with_sizes_copy_fake(all_gather_output, all_gather_input_split_sizes, dim=0, *, out):
+    # Stock's op on the fake tensors: its shape checks and its resize of a wrongly shaped out.
+    torch.split_with_sizes_copy(all_gather_output, all_gather_input_split_sizes, dim, out=out)
+
+
+@torch.library.register_fake("npu_dispatch::chunk_cat")
+def _chunk_cat_fake(tensors, dim, num_chunks, *, out):
+    torch._chunk_cat(tensors, dim, num_chunks, out=out)
 
 
 def _tensor_list(fn: str, name: str, position: int, value):
@@ -176,3 +201,63 @@ def all_gather_copy_in(
     as_list = lambda v: list(v) if type(v) is tuple else v  # noqa: E731
     return torch.ops.npu_dispatch.all_gather_copy_in.default(
         as_list(all_gather_inputs), all_gather_output, as_list(inp_split_sizes), all_gather_input_numel, rank)
+
+
+def split_with_sizes_copy(
+    all_gather_output: torch.Tensor,
+    all_gather_input_split_sizes: Sequence[int],
+    dim: int = 0,
+    *,
+    out: Sequence[torch.Tensor],
+) -> None:
+    """``torch.ops.fsdp.split_with_sizes_copy`` (FSDP2's all-gather copy-out) through the fast path:
+    ``out[i]`` gets ``all_gather_output.split_with_sizes(all_gather_input_split_sizes, dim)[i]``.
+
+    FSDP2 calls it as ``(all_gather_output.view(world_size, -1), sizes, dim=1, out=[param.view(
+    world_size, -1) ...])``: ``world_size * len(out)`` contiguous rows. Served (one CPU kernel pass;
+    on npu, a batched ``_foreach_copy_`` of the rows) where ``all_gather_output`` and every ``out[i]``
+    are contiguous, of one dtype and device, each ``out[i]`` of exactly its split's shape and nothing
+    overlapping; everything else is stock's ``torch.split_with_sizes_copy``, with its errors, its
+    resize (and warning) of a wrongly shaped ``out[i]`` and its writes. Each ``out[i]``'s version
+    counter moves once, as stock's.
+
+    Args:
+        all_gather_output: the tensor to split, any dtype and device.
+        all_gather_input_split_sizes: sizes along ``dim``, summing to ``all_gather_output.size(dim)``.
+        dim: the dimension split (negative counts from the end).
+        out: one destination per size.
+
+    Raises:
+        RuntimeError: as stock's ``split_with_sizes_copy`` (sizes that do not sum, a wrong dtype or
+            device of ``out[i]``, a wrong number of outputs...).
+    """
+    as_list = lambda v: list(v) if type(v) is tuple else v  # noqa: E731
+    torch.ops.npu_dispatch.split_with_sizes_copy.default(all_gather_output, as_list(all_gather_input_split_sizes),
+                                                         dim, out=as_list(out))
+
+
+def chunk_cat(tensors: Sequence[torch.Tensor], dim: int, num_chunks: int, *, out: torch.Tensor) -> None:
+    """``torch.ops.fsdp.chunk_cat`` (FSDP2's reduce-scatter copy-in) through the fast path, as
+    ``torch._chunk_cat(tensors, dim, num_chunks, out=out)``: each tensor zero-padded along ``dim``
+    to a multiple of ``num_chunks``, viewed as ``[..., num_chunks, -1]``, and concatenated along
+    ``dim + 1`` into ``out``, cast to ``out``'s dtype (FSDP2: bf16 gradients into an fp32
+    ``[world_size, -1]`` reduce-scatter input).
+
+    Served (one CPU kernel pass with the cast and the padding inside; on npu, one zero fill and a
+    planned ``_foreach_copy_`` of the chunks) where every tensor is contiguous, ``out`` is
+    contiguous of exactly the result's shape, the cast is one the CPU kernel reproduces bit for bit
+    (one dtype, fp32 <-> bf16, fp32 -> fp16) and nothing overlaps; everything else is stock's
+    ``torch._chunk_cat``, with its errors, resize warning and writes. ``out``'s version counter moves
+    once, as stock's.
+
+    Args:
+        tensors: non-empty tensors of one dtype and device; sizes before ``dim`` equal.
+        dim: the dimension chunked (negative only where all tensors have the same ndim).
+        num_chunks: chunks per tensor (FSDP2: the world size), at least 1.
+        out: the result, ``[*sizes before dim, num_chunks, sum of chunk widths]``.
+
+    Raises:
+        RuntimeError: as stock's ``_chunk_cat`` ("_chunk_cat expects ..." messages).
+    """
+    as_list = lambda v: list(v) if type(v) is tuple else v  # noqa: E731
+    torch.ops.npu_dispatch.chunk_cat.default(as_list(tensors), dim, num_chunks, out=out)

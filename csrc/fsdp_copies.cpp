@@ -1,0 +1,334 @@
+// FSDP2's all-gather copy-out and reduce-scatter copy-in (fsdp_copies.h): each call becomes a list
+// of contiguous 1-D pieces, copied by the CPU kernel in one pass, or by the one planner as a
+// _foreach_copy_ of piece views on a device; anything else is stock's op whole.
+#include "fsdp_copies.h"
+
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/record_function.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "capability_table.h"
+#include "copy_call.h"
+#include "cpu_copy_kernel.h"
+#include "execute.h"
+#include "plan.h"
+
+namespace npu_dispatch {
+namespace {
+
+// A tensor the pieces may address directly: plain strided, dense from its storage offset,
+// with a version counter, no lazy bit, not meta.
+bool plain_contiguous(const at::Tensor& t) {
+  if (!t.defined() || t.layout() != at::kStrided || t.is_meta() || !t.is_contiguous()) return false;
+  if (t.is_conj() || t.is_neg() || t.is_nested()) return false;
+  static const c10::DispatchKeySet wrappers({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot,
+                                             c10::DispatchKey::Functionalize, c10::DispatchKey::FuncTorchBatched,
+                                             c10::DispatchKey::FuncTorchGradWrapper,
+                                             c10::DispatchKey::ZeroTensor});
+  if (t.key_set().has_any(wrappers)) return false;
+  return has_version_counter(t) && copy_dtype(t.scalar_type());
+}
+
+struct Span {
+  int64_t start, end;
+};
+
+// Whether any two spans overlap (each tensor's [data, data + nbytes)).
+bool any_overlap(std::vector<Span> spans) {
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.start < b.start; });
+  for (size_t k = 1; k < spans.size(); ++k) {
+    if (spans[k].start < spans[k - 1].end) return true;
+  }
+  return false;
+}
+
+Span span_of(const at::Tensor& t) {
+  const auto p = reinterpret_cast<int64_t>(t.const_data_ptr());
+  return {p, p + static_cast<int64_t>(t.numel() * t.element_size())};
+}
+
+// One contiguous piece: `n` elements from src to dst (element offsets into the tensors' data),
+// then `pad` zero elements after it in dst.
+struct Piece {
+  int64_t dst_tensor, src_tensor;
+  int64_t dst_off, src_off, n, pad;
+};
+
+}  // namespace
+
+std::vector<int64_t> stock_counts(Kind kind, int64_t pairs, int64_t bytes) {
+  std::vector<int64_t> v(kCountsLen, 0);
+  v[0] = kExecuted | kBumped;
+  v[path_slot(kStock, 0)] = pairs;
+  v[path_slot(kStock, 1)] = bytes;
+  v[path_slot(kStock, 2)] = pairs;
+  v[reason_slot(kind)] = pairs;
+  return v;
+}
+
+namespace {
+
+class PieceCopy {
+ public:
+  PieceCopy(at::TensorList dsts, at::TensorList srcs, std::vector<Piece> pieces)
+      : dsts_(dsts), srcs_(srcs), pieces_(std::move(pieces)) {}
+
+  // The CPU kernel's pass over every piece; false (nothing written) where a dtype pair is not
+  // one it reproduces bit for bit.
+  bool cpu(std::vector<int64_t>* v) {
+    CpuCopyBatch batch;
+    batch.reserve(pieces_.size());
+    CopyOp op = CopyOp::Memcpy;
+    bool mergeable = true;
+    c10::ScalarType last_s = c10::ScalarType::Undefined, last_d = c10::ScalarType::Undefined;
+    int64_t bytes = 0, pairs = 0;
+    const char* prev_src_end = nullptr;
+    char* prev_dst_end = nullptr;
+    for (const auto& p : pieces_) {
+      const auto& d = dsts_[p.dst_tensor];
+      const auto& s = srcs_[p.src_tensor];
+      if (s.scalar_type() != last_s || d.scalar_type() != last_d) {
+        if (!batch.route(s.scalar_type(), d.scalar_type(), &op, &mergeable)) return false;
+        last_s = s.scalar_type();
+        last_d = d.scalar_type();
+        prev_dst_end = nullptr;
+      }
+      if (p.n == 0) continue;
+      char* dp = static_cast<char*>(d.data_ptr()) + p.dst_off * d.element_size();
+      const char* sp = static_cast<const char*>(s.const_data_ptr()) + p.src_off * s.element_size();
+      const int64_t n = op == CopyOp::Memcpy ? p.n * d.element_size() : p.n;
+      // FBGEMM's fp16 -> fp32 split depends on where stock's copy starts and ends: not one of ours.
+      if (!mergeable) return false;
+      batch.add_contiguous(dp, sp, n, op, dp == prev_dst_end && sp == prev_src_end);
+      prev_dst_end = dp + p.n * d.element_size();
+      prev_src_end = sp + p.n * s.element_size();
+      bytes += p.n * d.element_size();
+      ++pairs;
+    }
+    // Padding: stock pads with zeros of the input dtype before its cast; +0 is all-zero bits.
+    for (const auto& p : pieces_) {
+      if (p.pad == 0) continue;
+      const auto& d = dsts_[p.dst_tensor];
+      std::memset(static_cast<char*>(d.data_ptr()) + (p.dst_off + p.n) * d.element_size(), 0,
+                  p.pad * d.element_size());
+      bytes += p.pad * d.element_size();
+    }
+    {
+      RECORD_FUNCTION("npu_dispatch::cpu_kernel", std::vector<c10::IValue>());
+      batch.run();
+    }
+    v->assign(kCountsLen, 0);
+    (*v)[0] = kExecuted | kBumped;
+    (*v)[path_slot(kForeach, 0)] = pairs;
+    (*v)[path_slot(kForeach, 1)] = bytes;
+    (*v)[path_slot(kForeach, 2)] = 1;
+    return true;
+  }
+
+  // A device: one zero fill of each padded destination, then the pieces as one _foreach_copy_
+  // of 1-D views through the planner (its groups, stages and the device's batched kernel).
+  // Under `strict`, a plan with any pair off the fast path writes nothing (nullopt).
+  std::optional<std::vector<int64_t>> device(bool strict, Kind* why) {
+    at::AutoDispatchBelowADInplaceOrView below;  // internal views and fills move no counter
+    std::vector<at::Tensor> d, s;
+    d.reserve(pieces_.size());
+    s.reserve(pieces_.size());
+    std::vector<uint8_t> padded(dsts_.size(), 0);
+    for (const auto& p : pieces_) {
+      if (p.pad != 0) padded[p.dst_tensor] = 1;
+      if (p.n == 0) continue;
+      const auto& dt = dsts_[p.dst_tensor];
+      const auto& st = srcs_[p.src_tensor];
+      d.push_back(dt.as_strided({p.n}, {1}, dt.storage_offset() + p.dst_off));
+      s.push_back(st.as_strided({p.n}, {1}, st.storage_offset() + p.src_off));
+    }
+    if (strict && !d.empty()) {
+      const Plan plan = build_plan(d, s, *current_capabilities());
+      if (plan.stock != Kind::None || !plan.fallback.empty()) {
+        *why = plan.stock != Kind::None ? plan.stock : plan.fallback.front().kind;
+        return std::nullopt;
+      }
+    }
+    int64_t fills = 0;
+    for (size_t k = 0; k < dsts_.size(); ++k) {
+      if (padded[k]) {
+        auto t = dsts_[k];
+        t.zero_();
+        ++fills;
+      }
+    }
+    std::vector<int64_t> v(kCountsLen, 0);
+    if (!d.empty()) v = plan_and_run(d, s, false, false, /*bump=*/false);
+    v[0] = kExecuted | kBumped;
+    v[path_slot(kForeach, 2)] += fills;
+    return v;
+  }
+
+ private:
+  at::TensorList dsts_, srcs_;
+  std::vector<Piece> pieces_;
+};
+
+// The CPU kernel where the device's capability is a host pass, else the planner; no capability,
+// or a whole_list_only device (CUDA has stock kernels of its own for both ops): nullopt.
+std::optional<std::vector<int64_t>> run_pieces(at::TensorList dsts, at::TensorList srcs, std::vector<Piece> pieces,
+                                               c10::Device device, bool strict, Kind* why) {
+  if (pieces.empty()) {
+    std::vector<int64_t> v(kCountsLen, 0);
+    v[0] = kExecuted | kBumped;
+    return v;
+  }
+  const auto caps = current_capabilities();
+  const Capability* cap = caps->get(device.type());
+  if (cap == nullptr) {
+    *why = Kind::NoCapability;
+    return std::nullopt;
+  }
+  if (cap->whole_list) {
+    *why = Kind::WholeListRoute;
+    return std::nullopt;
+  }
+  PieceCopy copy(dsts, srcs, std::move(pieces));
+  if (cap->host_pass) {
+    std::vector<int64_t> v;
+    if (copy.cpu(&v)) return v;
+    *why = Kind::Dtype;
+    return std::nullopt;
+  }
+  return copy.device(strict, why);
+}
+
+bool bumps_here() { return !c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView); }
+
+}  // namespace
+
+std::optional<std::vector<int64_t>> split_with_sizes_copy(const at::Tensor& src, c10::IntArrayRef sizes,
+                                                          int64_t dim, at::TensorList out, bool strict, bool bump,
+                                                          Kind* why) {
+  RECORD_FUNCTION("npu_dispatch::split_with_sizes_copy", std::vector<c10::IValue>());
+  const auto n = static_cast<int64_t>(out.size());
+  *why = Kind::MayRaise;
+  bool ok = plain_contiguous(src) && src.dim() > 0 && n == static_cast<int64_t>(sizes.size());
+  int64_t wrapped = 0, outer = 1, inner = 1, total = 0;
+  if (ok) {
+    ok = dim >= -src.dim() && dim < src.dim();
+    wrapped = dim < 0 ? dim + src.dim() : dim;
+  }
+  if (ok) {
+    for (const int64_t s : sizes) {
+      ok = ok && s >= 0;
+      total += s;
+    }
+    ok = ok && total == src.size(wrapped);
+    for (int64_t k = 0; k < wrapped; ++k) outer *= src.size(k);
+    for (int64_t k = wrapped + 1; k < src.dim(); ++k) inner *= src.size(k);
+  }
+  std::vector<Span> spans;
+  if (ok) {
+    spans.push_back(span_of(src));
+    auto want = src.sizes().vec();
+    for (int64_t i = 0; i < n && ok; ++i) {
+      want[wrapped] = sizes[i];
+      const auto& o = out[i];
+      ok = plain_contiguous(o) && o.scalar_type() == src.scalar_type() && o.device() == src.device() &&
+           o.sizes() == c10::IntArrayRef(want);
+      if (ok && o.numel() > 0) spans.push_back(span_of(o));
+    }
+    if (ok && any_overlap(spans)) {
+      ok = false;
+      *why = Kind::Aliasing;
+    }
+  }
+  if (!ok) return std::nullopt;
+  std::vector<Piece> pieces;
+  pieces.reserve(outer * n);
+  for (int64_t o = 0; o < outer; ++o) {
+    int64_t off = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (sizes[i] * inner > 0) {
+        pieces.push_back({i, 0, o * sizes[i] * inner, (o * total + off) * inner, sizes[i] * inner, 0});
+      }
+      off += sizes[i];
+    }
+  }
+  auto counts = run_pieces(out, {src}, std::move(pieces), src.device(), strict, why);
+  if (counts && bump && bumps_here()) {
+    for (const auto& o : out) o.unsafeGetTensorImpl()->bump_version();
+  }
+  return counts;
+}
+
+std::optional<std::vector<int64_t>> chunk_cat(at::TensorList tensors, int64_t dim, int64_t num_chunks,
+                                              const at::Tensor& out, bool strict, bool bump, Kind* why) {
+  RECORD_FUNCTION("npu_dispatch::chunk_cat", std::vector<c10::IValue>());
+  const auto n = static_cast<int64_t>(tensors.size());
+  *why = Kind::MayRaise;
+  bool ok = n > 0 && num_chunks >= 1 && plain_contiguous(out);
+  int64_t wrapped = dim;
+  if (ok) {
+    const auto& t0 = tensors[0];
+    bool same_ndim = true;
+    for (const auto& t : tensors) {
+      ok = ok && plain_contiguous(t) && t.numel() > 0 && t.scalar_type() == t0.scalar_type() &&
+           t.device() == t0.device() && t.device() == out.device();
+      same_ndim = same_ndim && ok && t.dim() == t0.dim();
+    }
+    if (ok && same_ndim) {
+      ok = t0.dim() > 0 && dim >= -t0.dim() && dim < t0.dim();
+      wrapped = dim < 0 ? dim + t0.dim() : dim;
+    } else if (ok) {
+      ok = dim >= 0;
+      for (const auto& t : tensors) ok = ok && dim < t.dim();
+    }
+    for (const auto& t : tensors) {
+      for (int64_t k = 0; ok && k < wrapped; ++k) ok = t.size(k) == t0.size(k);
+    }
+  }
+  int64_t pre = 1, width = 0;
+  std::vector<int64_t> chunk(n), post(n), offset(n);
+  if (ok) {
+    const auto& t0 = tensors[0];
+    for (int64_t k = 0; k < wrapped; ++k) pre *= t0.size(k);
+    for (int64_t i = 0; i < n; ++i) {
+      const auto& t = tensors[i];
+      chunk[i] = (t.size(wrapped) + num_chunks - 1) / num_chunks;
+      post[i] = 1;
+      for (int64_t k = wrapped + 1; k < t.dim(); ++k) post[i] *= t.size(k);
+      offset[i] = width;
+      width += chunk[i] * post[i];
+    }
+    std::vector<int64_t> want(t0.sizes().begin(), t0.sizes().begin() + wrapped);
+    want.push_back(num_chunks);
+    want.push_back(width);
+    ok = out.sizes() == c10::IntArrayRef(want);
+    if (ok) {
+      std::vector<Span> spans{span_of(out)};
+      for (const auto& t : tensors) spans.push_back(span_of(t));
+      if (any_overlap(spans)) {
+        ok = false;
+        *why = Kind::Aliasing;
+      }
+    }
+  }
+  if (!ok) return std::nullopt;
+  std::vector<Piece> pieces;
+  pieces.reserve(pre * num_chunks * n);
+  for (int64_t p = 0; p < pre; ++p) {
+    for (int64_t c = 0; c < num_chunks; ++c) {
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t rows = tensors[i].size(wrapped);
+        const int64_t valid = std::clamp<int64_t>(rows - c * chunk[i], 0, chunk[i]);
+        pieces.push_back({0, i, (p * num_chunks + c) * width + offset[i], (p * rows + c * chunk[i]) * post[i],
+                          valid * post[i], (chunk[i] - valid) * post[i]});
+      }
+    }
+  }
+  auto counts = run_pieces({out}, tensors, std::move(pieces), out.device(), strict, why);
+  if (counts && bump && bumps_here()) out.unsafeGetTensorImpl()->bump_version();
+  return counts;
+}
+
+}  // namespace npu_dispatch

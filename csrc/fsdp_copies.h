@@ -1,0 +1,41 @@
+// FSDP2's all-gather copy-out and reduce-scatter copy-in on the fast path, as
+// torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py calls them:
+//   fsdp::split_with_sizes_copy(all_gather_output.view(world, -1), sizes, dim=1, out=[...])
+//   fsdp::chunk_cat(grads, 0, world, out=reduce_scatter_input.view(world, -1))
+// Each call becomes a list of contiguous 1-D pieces (copy-out: row r of parameter i; chunk_cat:
+// chunk c of gradient i, widened as it goes, and its zero padding): on a host-pass device (CPU)
+// the library's kernel copies them in one pass; on another device with a capability they go to
+// the one planner as a _foreach_copy_ of piece views (its groups, stages and the device's batched
+// kernel). Anything else is refused before a byte is written, and the caller runs stock's op.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "plan.h"
+
+namespace npu_dispatch {
+
+// aten::split_with_sizes_copy.out's result: out[i] = src.split_with_sizes(sizes, dim)[i]. Served
+// where src and every out[i] are contiguous, of one dtype and device, out[i] exactly the split's
+// shape and nothing overlaps; else nullopt, *why set, nothing written. With `bump`, each out[i]'s
+// version counter moves once, as stock's out= op does (none below ADInplaceOrView).
+std::optional<std::vector<int64_t>> split_with_sizes_copy(const at::Tensor& src, c10::IntArrayRef sizes,
+                                                          int64_t dim, at::TensorList out, bool strict, bool bump,
+                                                          Kind* why);
+
+// aten::_chunk_cat.out's result (aten/src/ATen/native/TensorShape.cpp _pad_chunk + cat_out): each
+// tensor zero-padded along `dim` to a multiple of num_chunks, viewed as [..., num_chunks, -1], and
+// concatenated along dim + 1 into `out`, cast to out's dtype. Served where every tensor is contiguous
+// with stock's preconditions met, out is contiguous of exactly the result's shape, the cast is one
+// the CPU kernel reproduces (or the device has a capability) and nothing overlaps.
+std::optional<std::vector<int64_t>> chunk_cat(at::TensorList tensors, int64_t dim, int64_t num_chunks,
+                                              const at::Tensor& out, bool strict, bool bump, Kind* why);
+
+// The count vector of a call handed to stock whole, for `why`.
+std::vector<int64_t> stock_counts(Kind why, int64_t pairs, int64_t bytes);
+
+}  // namespace npu_dispatch
