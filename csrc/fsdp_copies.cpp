@@ -73,12 +73,28 @@ namespace {
 
 class PieceCopy {
  public:
-  PieceCopy(at::TensorList dsts, at::TensorList srcs, std::vector<Piece> pieces)
-      : dsts_(dsts), srcs_(srcs), pieces_(std::move(pieces)) {}
+  // `narrowing`: whether a narrowing cast (fp32 -> bf16 / fp16) may run here. Stock's chunk_cat
+  // casts inside cat, whose NaN bits differ from copy_'s (which the CPU kernel reproduces).
+  PieceCopy(at::TensorList dsts, at::TensorList srcs, std::vector<Piece> pieces, bool narrowing)
+      : dsts_(dsts), srcs_(srcs), pieces_(std::move(pieces)), narrowing_(narrowing) {}
 
   // The CPU kernel's pass over every piece; false (nothing written) where a dtype pair is not
   // one it reproduces bit for bit.
   bool cpu(std::vector<int64_t>* v) {
+    // Each tensor's address, element size and dtype once: pieces index them.
+    struct Side {
+      char* ptr;
+      int64_t esize;
+      c10::ScalarType dtype;
+    };
+    std::vector<Side> ds, ss;
+    ds.reserve(dsts_.size());
+    ss.reserve(srcs_.size());
+    for (const auto& d : dsts_) ds.push_back({static_cast<char*>(d.data_ptr()), static_cast<int64_t>(d.element_size()), d.scalar_type()});
+    for (const auto& s : srcs_) {
+      ss.push_back({const_cast<char*>(static_cast<const char*>(s.const_data_ptr())),
+                    static_cast<int64_t>(s.element_size()), s.scalar_type()});
+    }
     CpuCopyBatch batch;
     batch.reserve(pieces_.size());
     CopyOp op = CopyOp::Memcpy;
@@ -88,33 +104,33 @@ class PieceCopy {
     const char* prev_src_end = nullptr;
     char* prev_dst_end = nullptr;
     for (const auto& p : pieces_) {
-      const auto& d = dsts_[p.dst_tensor];
-      const auto& s = srcs_[p.src_tensor];
-      if (s.scalar_type() != last_s || d.scalar_type() != last_d) {
-        if (!batch.route(s.scalar_type(), d.scalar_type(), &op, &mergeable)) return false;
-        last_s = s.scalar_type();
-        last_d = d.scalar_type();
+      const Side& d = ds[p.dst_tensor];
+      const Side& s = ss[p.src_tensor];
+      if (s.dtype != last_s || d.dtype != last_d) {
+        if (!batch.route(s.dtype, d.dtype, &op, &mergeable)) return false;
+        // FBGEMM's fp16 -> fp32 split depends on where stock's copy starts and ends: not one of ours.
+        if (!mergeable) return false;
+        if (!narrowing_ && (op == CopyOp::F32ToBF16 || op == CopyOp::F32ToF16)) return false;
+        last_s = s.dtype;
+        last_d = d.dtype;
         prev_dst_end = nullptr;
       }
       if (p.n == 0) continue;
-      char* dp = static_cast<char*>(d.data_ptr()) + p.dst_off * d.element_size();
-      const char* sp = static_cast<const char*>(s.const_data_ptr()) + p.src_off * s.element_size();
-      const int64_t n = op == CopyOp::Memcpy ? p.n * d.element_size() : p.n;
-      // FBGEMM's fp16 -> fp32 split depends on where stock's copy starts and ends: not one of ours.
-      if (!mergeable) return false;
+      char* dp = d.ptr + p.dst_off * d.esize;
+      const char* sp = s.ptr + p.src_off * s.esize;
+      const int64_t n = op == CopyOp::Memcpy ? p.n * d.esize : p.n;
       batch.add_contiguous(dp, sp, n, op, dp == prev_dst_end && sp == prev_src_end);
-      prev_dst_end = dp + p.n * d.element_size();
-      prev_src_end = sp + p.n * s.element_size();
-      bytes += p.n * d.element_size();
+      prev_dst_end = dp + p.n * d.esize;
+      prev_src_end = sp + p.n * s.esize;
+      bytes += p.n * d.esize;
       ++pairs;
     }
     // Padding: stock pads with zeros of the input dtype before its cast; +0 is all-zero bits.
     for (const auto& p : pieces_) {
       if (p.pad == 0) continue;
-      const auto& d = dsts_[p.dst_tensor];
-      std::memset(static_cast<char*>(d.data_ptr()) + (p.dst_off + p.n) * d.element_size(), 0,
-                  p.pad * d.element_size());
-      bytes += p.pad * d.element_size();
+      const Side& d = ds[p.dst_tensor];
+      std::memset(d.ptr + (p.dst_off + p.n) * d.esize, 0, p.pad * d.esize);
+      bytes += p.pad * d.esize;
     }
     {
       RECORD_FUNCTION("npu_dispatch::cpu_kernel", std::vector<c10::IValue>());
@@ -170,12 +186,13 @@ class PieceCopy {
  private:
   at::TensorList dsts_, srcs_;
   std::vector<Piece> pieces_;
+  bool narrowing_;
 };
 
 // The CPU kernel where the device's capability is a host pass, else the planner; no capability,
 // or a whole_list_only device (CUDA has stock kernels of its own for both ops): nullopt.
 std::optional<std::vector<int64_t>> run_pieces(at::TensorList dsts, at::TensorList srcs, std::vector<Piece> pieces,
-                                               c10::Device device, bool strict, Kind* why) {
+                                               c10::Device device, bool strict, bool narrowing, Kind* why) {
   if (pieces.empty()) {
     std::vector<int64_t> v(kCountsLen, 0);
     v[0] = kExecuted | kBumped;
@@ -191,7 +208,11 @@ std::optional<std::vector<int64_t>> run_pieces(at::TensorList dsts, at::TensorLi
     *why = Kind::WholeListRoute;
     return std::nullopt;
   }
-  PieceCopy copy(dsts, srcs, std::move(pieces));
+  if (!narrowing && dsts[0].element_size() < srcs[0].element_size()) {
+    *why = Kind::Dtype;
+    return std::nullopt;
+  }
+  PieceCopy copy(dsts, srcs, std::move(pieces), narrowing);
   if (cap->host_pass) {
     std::vector<int64_t> v;
     if (copy.cpu(&v)) return v;
@@ -254,7 +275,7 @@ std::optional<std::vector<int64_t>> split_with_sizes_copy(const at::Tensor& src,
       off += sizes[i];
     }
   }
-  auto counts = run_pieces(out, {src}, std::move(pieces), src.device(), strict, why);
+  auto counts = run_pieces(out, {src}, std::move(pieces), src.device(), strict, /*narrowing=*/true, why);
   if (counts && bump && bumps_here()) {
     for (const auto& o : out) o.unsafeGetTensorImpl()->bump_version();
   }
@@ -326,7 +347,7 @@ std::optional<std::vector<int64_t>> chunk_cat(at::TensorList tensors, int64_t di
       }
     }
   }
-  auto counts = run_pieces({out}, tensors, std::move(pieces), out.device(), strict, why);
+  auto counts = run_pieces({out}, tensors, std::move(pieces), out.device(), strict, /*narrowing=*/false, why);
   if (counts && bump && bumps_here()) out.unsafeGetTensorImpl()->bump_version();
   return counts;
 }

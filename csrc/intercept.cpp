@@ -115,10 +115,11 @@ void fsdp_split_with_sizes_copy(c10::DispatchKeySet ks, const at::Tensor& src, c
   const auto concrete = c10::asIntArrayRefSlowOpt(sizes);
   static const auto op =
       c10::Dispatcher::singleton().findSchemaOrThrow("fsdp::split_with_sizes_copy", "").typed<SplitCopyFn>();
-  if (s == nullptr || s->probe || !concrete) {
+  if (s == nullptr || !concrete) {
     op.redispatch(ks & kAfterBackendSelect, src, sizes, dim, out);
     return;
   }
+  if (s->probe) return;
   const int64_t t0 = now_ns();
   Kind why = Kind::MayRaise;
   auto counts = split_with_sizes_copy(src, *concrete, dim, out, false, bumps_here(), &why);
@@ -136,10 +137,11 @@ void fsdp_chunk_cat(c10::DispatchKeySet ks, at::TensorList tensors, int64_t dim,
                     const at::Tensor& out) {
   ModeScope* s = serving(&out);
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("fsdp::chunk_cat", "").typed<ChunkCatFn>();
-  if (s == nullptr || s->probe) {
+  if (s == nullptr) {
     op.redispatch(ks & kAfterBackendSelect, tensors, dim, num_chunks, out);
     return;
   }
+  if (s->probe) return;
   const int64_t t0 = now_ns();
   Kind why = Kind::MayRaise;
   auto counts = chunk_cat(tensors, dim, num_chunks, out, false, bumps_here(), &why);

@@ -341,6 +341,83 @@ PyObject* chunk_cat(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs)
   END_HANDLE_TH_ERRORS
 }
 
+// Whether a direct call may skip the dispatcher: nothing would act on the op (unobserved()), and
+// no tensor needs autograd (stock raises for an out= argument that requires grad).
+bool direct_ok(at::TensorList a, at::TensorList b) {
+  if (!unobserved()) return false;
+  if (c10::GradMode::is_enabled()) {
+    for (const auto l : {a, b}) {
+      for (const auto& t : l) {
+        if (t.requires_grad()) return false;
+      }
+    }
+  }
+  return true;
+}
+
+// split_with_sizes_copy_direct(src, sizes, dim, out) -> bool: the public function's entry without
+// the dispatcher; False (nothing written) where it must go through it.
+PyObject* split_with_sizes_copy_direct(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (!arity(nargs, 4, 4, "split_with_sizes_copy_direct(src, sizes, dim, out)")) return nullptr;
+  if (!THPVariable_Check(args[0]) || !PyLong_Check(args[2])) Py_RETURN_FALSE;
+  PyRefs refs;
+  npu_dispatch::BorrowedTensors out;
+  std::vector<int64_t> sizes;
+  PyObject** items;
+  Py_ssize_t n;
+  if (!seq_items(args[3], &items, &n) || !seq_items(args[1], &items, &n)) Py_RETURN_FALSE;
+  if (!int_list(args[1], "all_gather_input_split_sizes", &sizes) || !unpack(args[3], "out", &refs, &out)) {
+    PyErr_Clear();
+    Py_RETURN_FALSE;
+  }
+  const at::Tensor& src = THPVariable_Unpack(args[0]);
+  const int64_t dim = PyLong_AsLongLong(args[2]);
+  if (!direct_ok({src}, out)) Py_RETURN_FALSE;
+  const int64_t t0 = npu_dispatch::now_ns();
+  npu_dispatch::Kind why;
+  std::optional<std::vector<int64_t>> counts;
+  {
+    pybind11::gil_scoped_release no_gil;
+    counts = npu_dispatch::split_with_sizes_copy(src, sizes, dim, out, false, true, &why);
+  }
+  if (!counts) Py_RETURN_FALSE;
+  npu_dispatch::record_call(npu_dispatch::kOpSplitWithSizesCopy, *counts, npu_dispatch::now_ns() - t0);
+  Py_RETURN_TRUE;
+  END_HANDLE_TH_ERRORS
+}
+
+// chunk_cat_direct(tensors, dim, num_chunks, out) -> bool: as split_with_sizes_copy_direct.
+PyObject* chunk_cat_direct(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (!arity(nargs, 4, 4, "chunk_cat_direct(tensors, dim, num_chunks, out)")) return nullptr;
+  if (!THPVariable_Check(args[3]) || !PyLong_Check(args[1]) || !PyLong_Check(args[2])) Py_RETURN_FALSE;
+  PyObject** items;
+  Py_ssize_t n;
+  if (!seq_items(args[0], &items, &n)) Py_RETURN_FALSE;
+  PyRefs refs;
+  npu_dispatch::BorrowedTensors tensors;
+  if (!unpack(args[0], "tensors", &refs, &tensors)) {
+    PyErr_Clear();
+    Py_RETURN_FALSE;
+  }
+  const at::Tensor& out = THPVariable_Unpack(args[3]);
+  const int64_t dim = PyLong_AsLongLong(args[1]);
+  const int64_t num_chunks = PyLong_AsLongLong(args[2]);
+  if (!direct_ok(tensors, {out})) Py_RETURN_FALSE;
+  const int64_t t0 = npu_dispatch::now_ns();
+  npu_dispatch::Kind why;
+  std::optional<std::vector<int64_t>> counts;
+  {
+    pybind11::gil_scoped_release no_gil;
+    counts = npu_dispatch::chunk_cat(tensors, dim, num_chunks, out, false, true, &why);
+  }
+  if (!counts) Py_RETURN_FALSE;
+  npu_dispatch::record_call(npu_dispatch::kOpChunkCat, *counts, npu_dispatch::now_ns() - t0);
+  Py_RETURN_TRUE;
+  END_HANDLE_TH_ERRORS
+}
+
 // scope_new(probe) -> int: a scope for one NpuFastCopyMode (mode_scope.h). `probe`: the
 // benchmark's floor, taking every call the kernels would serve and doing nothing.
 PyObject* scope_new(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
@@ -488,6 +565,11 @@ PyObject* set_capabilities(PyObject* /*self*/, PyObject* const* args, Py_ssize_t
 PyMethodDef methods[] = {
     {"plan", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&plan)), METH_FASTCALL,
      "The plan of one _foreach_copy_, encoded; nothing is written."},
+    {"split_with_sizes_copy_direct",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&split_with_sizes_copy_direct)), METH_FASTCALL,
+     "The public split_with_sizes_copy without the dispatcher; False when it must go through it."},
+    {"chunk_cat_direct", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&chunk_cat_direct)),
+     METH_FASTCALL, "The public chunk_cat without the dispatcher; False when it must go through it."},
     {"split_with_sizes_copy", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&split_with_sizes_copy)),
      METH_FASTCALL, "FSDP2's all-gather copy-out through the fast path; returns the count vector."},
     {"chunk_cat", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&chunk_cat)), METH_FASTCALL,

@@ -6,8 +6,8 @@ text of Python's own ``difflib`` module), alternating: one step of the stock mod
 the dispatch stack and one step of the other under ``NpuFastCopyMode()``, in turns (which goes
 first alternates from step to step). After every step the
 losses, the local gradient shards and the local parameter shards of the two models are compared
-bit for bit. Rank 0 reports the median step time of each and their ratio, the copies' host time
-per op (one extra profiled step of each, outside the timed ones) and the mode's stats.
+bit for bit. Rank 0 reports the median step time of each and their ratio, the four copies' calls and
+host time per op (one extra profiled step of each, outside the timed ones) and the mode's stats.
 
     python examples/fsdp_train.py --steps 20 --world-size 2          # CPU, gloo
     python examples/fsdp_train.py --device cuda                      # CUDA, nccl (one GPU per rank)
@@ -41,8 +41,9 @@ from tiny_llama import Config, TinyLlama  # noqa: E402
 
 import npu_dispatch  # noqa: E402
 
-# The copies FSDP2 makes per all-gather, as the profiler names them.
-COPY_OPS = ("aten::_foreach_copy_", "fsdp::all_gather_copy_in")
+# The four copies FSDP2 makes per all-gather group, as the profiler names them: the cast, the
+# all-gather copy-in and copy-out, the reduce-scatter copy-in.
+COPY_OPS = ("aten::_foreach_copy_", "fsdp::all_gather_copy_in", "fsdp::split_with_sizes_copy", "fsdp::chunk_cat")
 # Steps not timed: the first ones allocate and warm caches.
 WARMUP_STEPS = 2
 

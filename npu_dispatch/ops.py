@@ -51,9 +51,12 @@ def _chunk_cat_kernel(tensors, dim, num_chunks, *, out):
 
 
 # CompositeExplicitAutograd serves every backend with one kernel. Once the native library loads,
-# its C++ kernels take the CPU, CUDA and PrivateUse1 keys (csrc/register.cpp); these stay for the
-# rest (meta...), where they call the same C++ planner, and for machines without a compiler, where
-# they call the stock op (counted as ``no_native``).
+# its C++ kernels take the CPU, CUDA and PrivateUse1 keys of foreach_copy_ and all_gather_copy_in
+# (csrc/register.cpp); these stay for the rest (meta...), where they call the same C++ planner, and
+# for machines without a compiler, where they call the stock op (counted as ``no_native``).
+# Copy-out and chunk_cat keep these Python kernels everywhere: a stock call they hand on may warn
+# (a resized out), and the native entry they call turns C++ warnings into Python ones, which a C++
+# kernel reached through torch.ops does not.
 _lib.impl("foreach_copy_", _foreach_copy_kernel, "CompositeExplicitAutograd")
 _lib.impl("all_gather_copy_in", _all_gather_copy_in_kernel, "CompositeExplicitAutograd")
 _lib.impl("split_with_sizes_copy", _split_with_sizes_copy_kernel, "CompositeExplicitAutograd")
@@ -231,6 +234,10 @@ def split_with_sizes_copy(
         RuntimeError: as stock's ``split_with_sizes_copy`` (sizes that do not sum, a wrong dtype or
             device of ``out[i]``, a wrong number of outputs...).
     """
+    module = _native.module()
+    if (module is not None and not torch.compiler.is_compiling()
+            and module.split_with_sizes_copy_direct(all_gather_output, all_gather_input_split_sizes, dim, out)):
+        return
     as_list = lambda v: list(v) if type(v) is tuple else v  # noqa: E731
     torch.ops.npu_dispatch.split_with_sizes_copy.default(all_gather_output, as_list(all_gather_input_split_sizes),
                                                          dim, out=as_list(out))
@@ -245,8 +252,8 @@ def chunk_cat(tensors: Sequence[torch.Tensor], dim: int, num_chunks: int, *, out
 
     Served (one CPU kernel pass with the cast and the padding inside; on npu, one zero fill and a
     planned ``_foreach_copy_`` of the chunks) where every tensor is contiguous, ``out`` is
-    contiguous of exactly the result's shape, the cast is one the CPU kernel reproduces bit for bit
-    (one dtype, fp32 <-> bf16, fp32 -> fp16) and nothing overlaps; everything else is stock's
+    contiguous of exactly the result's shape, the cast keeps one dtype or widens (bf16 / fp16 ->
+    fp32: stock's cat narrows with other NaN bits than copy_) and nothing overlaps; everything else is stock's
     ``torch._chunk_cat``, with its errors, resize warning and writes. ``out``'s version counter moves
     once, as stock's.
 
@@ -259,5 +266,8 @@ def chunk_cat(tensors: Sequence[torch.Tensor], dim: int, num_chunks: int, *, out
     Raises:
         RuntimeError: as stock's ``_chunk_cat`` ("_chunk_cat expects ..." messages).
     """
+    module = _native.module()
+    if module is not None and not torch.compiler.is_compiling() and module.chunk_cat_direct(tensors, dim, num_chunks, out):
+        return
     as_list = lambda v: list(v) if type(v) is tuple else v  # noqa: E731
     torch.ops.npu_dispatch.chunk_cat.default(as_list(tensors), dim, num_chunks, out=out)

@@ -460,3 +460,37 @@ def test_the_capability_table_reads_the_emulated_cann_version():
         cann(version)
         assert nd.capabilities.cann_version() == version == emulated_npu.cann_version()
         assert nd.capabilities.lookup("npu") == nd.capabilities.npu_capability(version)
+
+
+# ---------------------------------------------------------------------------------------------
+# FSDP2's copy-out and reduce-scatter copy-in on the device
+
+@pytest.mark.parametrize("version", CANNS)
+def test_copy_out_and_chunk_cat_on_npu_match_stock_in_fewer_launches(version):
+    import torch.distributed.fsdp._fully_shard._fsdp_collectives  # noqa: F401  registers fsdp::
+
+    cann(version)
+    world, sizes = 8, [300, 17, 1024, 5, 64, 200, 33, 90, 128]
+    gen = torch.Generator().manual_seed(0)
+    src = torch.randn(world * sum(sizes), generator=gen).to(bf16).to("npu").view(world, -1)
+    grads = [torch.randn(n, 3, generator=gen).to(bf16).to("npu") for n in sizes]
+    width = sum(-(-n // world) * 3 for n in sizes)
+    results = {}
+    for name, ctx in (("stock", None), ("mode", nd.NpuFastCopyMode)):
+        out = [torch.zeros(world, n, dtype=bf16, device="npu") for n in sizes]
+        rs = torch.full((world, width), 7.0, device="npu")
+        with (ctx() if ctx else torch.no_grad()):
+            reset_launches()
+            torch.ops.fsdp.split_with_sizes_copy(src, sizes, dim=1, out=out)
+            copy_out = launches()
+            reset_launches()
+            torch.ops.fsdp.chunk_cat(grads, 0, world, out=rs)
+            chunk_cat = launches()
+        results[name] = (copy_out, chunk_cat, [bits(o) for o in out], bits(rs),
+                         [o._version for o in out], rs._version)
+    stock, mode = results["stock"], results["mode"]
+    assert all(torch.equal(a, b) for a, b in zip(stock[2], mode[2])) and torch.equal(stock[3], mode[3])
+    assert stock[4:] == mode[4:]
+    assert stock[0] == {"copy": len(sizes)}  # one strided copy per parameter
+    assert mode[0] == {"aclnnForeachCopy": math.ceil(world * len(sizes) / 48)}  # the rows, batched
+    assert total(mode[1]) < total(stock[1])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import gc
 import json
 import os
@@ -20,7 +21,7 @@ import npu_dispatch
 from npu_dispatch import NpuFastCopyMode, _native
 
 from . import timing
-from .workloads import DispatchArgs, ExampleArgs, ForeachArgs, Workload
+from .workloads import ChunkCatArgs, CopyOutArgs, DispatchArgs, ExampleArgs, ForeachArgs, Workload
 
 __all__ = ["Config", "NullRoute", "null_route_refused", "variants", "bitwise_check", "run_workload", "measure_workload",
            "finish_row", "metrics_of", "run_example", "example_metrics", "subprocess_env", "EXAMPLE_TIMEOUT_S"]
@@ -110,6 +111,20 @@ def variants(args) -> list[timing.Variant]:
         stock, direct = "torch._foreach_copy_(dsts, srcs)", "foreach_copy_(dsts, srcs)"
         if null_route_refused() is None:
             extra.append(V("null_route", stock, g, NullRoute))
+    elif isinstance(args, CopyOutArgs):
+        importlib.import_module("torch.distributed.fsdp")  # registers fsdp::split_with_sizes_copy
+        g.update(src=args.all_gather_output, sizes=args.split_sizes, out=args.out,
+                 stock_op=torch.ops.fsdp.split_with_sizes_copy, direct_op=npu_dispatch.split_with_sizes_copy)
+        stock, direct = "stock_op(src, sizes, dim=1, out=out)", "direct_op(src, sizes, 1, out=out)"
+        if null_route_refused() is None:
+            extra.append(V("null_route", stock, g, NullRoute))
+    elif isinstance(args, ChunkCatArgs):
+        importlib.import_module("torch.distributed.fsdp")  # registers fsdp::chunk_cat
+        g.update(tensors=args.tensors, n=args.num_chunks, out=args.out, stock_op=torch.ops.fsdp.chunk_cat,
+                 direct_op=npu_dispatch.chunk_cat)
+        stock, direct = "stock_op(tensors, 0, n, out=out)", "direct_op(tensors, 0, n, out=out)"
+        if null_route_refused() is None:
+            extra.append(V("null_route", stock, g, NullRoute))
     else:
         g.update(
             inputs=args.inputs, output=args.output, split_sizes=args.split_sizes, numel=args.numel,
@@ -187,7 +202,8 @@ def measure_workload(w: Workload, cfg: Config, log: Callable[[str], None] = lamb
     if isinstance(args, DispatchArgs):
         row["kind"] = "dispatch"
     else:
-        row["kind"] = "foreach" if isinstance(args, ForeachArgs) else "all_gather_copy_in"
+        row["kind"] = ("foreach" if isinstance(args, ForeachArgs) else "copy_out" if isinstance(args, CopyOutArgs)
+                       else "chunk_cat" if isinstance(args, ChunkCatArgs) else "all_gather_copy_in")
         src_dtype, dst_dtype = args.dtypes
         row.update(pairs=args.pairs, elements=args.numel, src_dtype=str(src_dtype).removeprefix("torch."),
                    dst_dtype=str(dst_dtype).removeprefix("torch."),
@@ -198,7 +214,13 @@ def measure_workload(w: Workload, cfg: Config, log: Callable[[str], None] = lamb
             {k: by[k].run_once for k in ("direct", "mode")},
         )
         row["launches"], row["paths"] = _launches(by["stock"])
-        row["stock_launches"] = args.pairs  # the stock CPU op: one copy_ per pair
+        if isinstance(args, CopyOutArgs):
+            row["stock_launches"] = len(args.out)  # stock: one strided copy_ per parameter
+        elif isinstance(args, ChunkCatArgs):  # stock: a zero fill and a copy per padded tensor, one cat
+            n = args.num_chunks
+            row["stock_launches"] = 1 + 2 * sum(t.shape[0] % n != 0 for t in args.tensors)
+        else:
+            row["stock_launches"] = args.pairs  # the stock CPU op: one copy_ per pair
     log(f"{w.name}: timing {', '.join(by)} x {cfg.rounds} rounds")
     t = timing.interleaved(vs, rounds=cfg.rounds, min_run_time=cfg.min_run_time, threads=cfg.threads,
                            first_round=first_round)

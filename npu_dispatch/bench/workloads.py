@@ -13,7 +13,7 @@ from typing import Callable, Union
 import torch
 
 __all__ = [
-    "ForeachArgs", "CopyInArgs", "DispatchArgs", "ExampleArgs", "Target", "Workload", "WORKLOADS", "by_name",
+    "ForeachArgs", "CopyInArgs", "CopyOutArgs", "ChunkCatArgs", "DispatchArgs", "ExampleArgs", "Target", "Workload", "WORKLOADS", "by_name",
     "LLAMA_BLOCK", "LLAMA_WORLD_SIZE", "FSDP_EXAMPLE",
 ]
 
@@ -76,6 +76,59 @@ class CopyInArgs:
 
 
 @dataclasses.dataclass
+class CopyOutArgs:
+    """Arguments of FSDP2's all-gather copy-out, ``fsdp.split_with_sizes_copy(all_gather_output,
+    split_sizes, dim=1, out=out)``: ``all_gather_output`` viewed ``(world_size, -1)``, one
+    ``(world_size, size)`` destination per parameter."""
+
+    all_gather_output: torch.Tensor
+    split_sizes: list[int]
+    out: list[torch.Tensor]
+
+    @property
+    def outputs(self) -> list[torch.Tensor]:
+        return self.out
+
+    @property
+    def pairs(self) -> int:
+        return self.all_gather_output.shape[0] * len(self.out)  # one row per rank and parameter
+
+    @property
+    def numel(self) -> int:
+        return self.all_gather_output.numel()
+
+    @property
+    def dtypes(self) -> tuple[torch.dtype, torch.dtype]:
+        return self.all_gather_output.dtype, self.out[0].dtype
+
+
+@dataclasses.dataclass
+class ChunkCatArgs:
+    """Arguments of FSDP2's reduce-scatter copy-in, ``fsdp.chunk_cat(grads, 0, world_size,
+    out=out)``: bf16 unsharded gradients into an fp32 ``(world_size, -1)`` reduce-scatter input."""
+
+    tensors: list[torch.Tensor]
+    num_chunks: int
+    out: torch.Tensor
+
+    @property
+    def outputs(self) -> list[torch.Tensor]:
+        return [self.out]
+
+    @property
+    def pairs(self) -> int:
+        return self.num_chunks * len(self.tensors)  # one chunk per rank and gradient
+
+    @property
+    def numel(self) -> int:
+        return self.out.numel()
+
+    @property
+    def dtypes(self) -> tuple[torch.dtype, torch.dtype]:
+        return self.tensors[0].dtype, self.out.dtype
+
+
+@dataclasses.dataclass
 class DispatchArgs:
     """Operands of one op the mode does not intercept (``torch.add(a, b)``)."""
 
@@ -94,7 +147,7 @@ class ExampleArgs:
     quick_steps: int
 
 
-Args = Union[ForeachArgs, CopyInArgs, DispatchArgs, ExampleArgs]
+Args = Union[ForeachArgs, CopyInArgs, CopyOutArgs, ChunkCatArgs, DispatchArgs, ExampleArgs]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,6 +249,30 @@ def _llama_block_copy_in(rank: int = 1) -> CopyInArgs:
     return CopyInArgs(inputs, output, sizes, numel, rank, LLAMA_WORLD_SIZE)
 
 
+# 200 bf16 shards of 256..1024 elements (a fixed draw), world size 8: issue 20's copy-out and
+# chunk_cat lists.
+SHARDS_200 = [256 + (i * 389) % 769 for i in range(200)]
+FSDP_WORLD_SIZE = 8
+# The Llama-3-8B block at a quarter of its elements (2-D shapes halved, norms quartered).
+LLAMA_QUARTER: tuple[tuple[int, ...], ...] = tuple(
+    (shape[0] // 2, shape[1] // 2) if len(shape) == 2 else (shape[0] // 4,) for _, shape in LLAMA_BLOCK)
+
+
+def _copy_out(sizes: list[int]) -> CopyOutArgs:
+    g = _gen()
+    total = sum(sizes)
+    src = torch.randn(FSDP_WORLD_SIZE * total, generator=g).to(_bf16).view(FSDP_WORLD_SIZE, total)
+    out = [torch.zeros(FSDP_WORLD_SIZE, n, dtype=_bf16) for n in sizes]
+    return CopyOutArgs(src, list(sizes), out)
+
+
+def _chunk_cat(shapes: list[tuple[int, ...]]) -> ChunkCatArgs:
+    g = _gen()
+    grads = [torch.randn(shape, generator=g).to(_bf16) for shape in shapes]
+    width = sum(-(-s[0] // FSDP_WORLD_SIZE) * (s[1] if len(s) > 1 else 1) for s in shapes)
+    return ChunkCatArgs(grads, FSDP_WORLD_SIZE, torch.zeros(FSDP_WORLD_SIZE, width, dtype=_f32))
+
+
 def _add16() -> DispatchArgs:
     g = _gen()
     return DispatchArgs(torch.randn(16, generator=g), torch.randn(16, generator=g))
@@ -260,6 +337,34 @@ WORKLOADS: tuple[Workload, ...] = (
         "w3, 2 norms) at world size 8, rank 1, fp32 -> fp32, full size",
         _llama_block_copy_in,
         (_ge("efficiency_direct", 0.8), _ge("speedup_direct", 1.0), _MODE),
+    ),
+    Workload(
+        "copy_out_200",
+        "fsdp.split_with_sizes_copy (all-gather copy-out) of 200 bf16 shards of 256..1024 elements at "
+        "world size 8: 1600 rows into the parameters' storages",
+        lambda: _copy_out(SHARDS_200),
+        (_ge("speedup_direct", 3), _ge("efficiency_direct", 0.5), _MODE),
+    ),
+    Workload(
+        "chunk_cat_200",
+        "fsdp.chunk_cat (reduce-scatter copy-in) of 200 bf16 gradients of 256..1024 elements into an "
+        "fp32 (8, -1) buffer: padding and the widening cast",
+        lambda: _chunk_cat([(n,) for n in SHARDS_200]),
+        (_ge("speedup_direct", 4), _ge("efficiency_direct", 0.5), _MODE),
+    ),
+    Workload(
+        "copy_out_llama",
+        "fsdp.split_with_sizes_copy of one Llama-3-8B-like block (a quarter of its elements), world "
+        "size 8, bf16",
+        lambda: _copy_out([_shard_numel(s, FSDP_WORLD_SIZE) for s in LLAMA_QUARTER]),
+        (_ge("speedup_direct", 1.0), _ge("efficiency_direct", 0.9), _MODE),
+    ),
+    Workload(
+        "chunk_cat_llama",
+        "fsdp.chunk_cat of one Llama-3-8B-like block's bf16 gradients (a quarter of its elements) into "
+        "fp32, world size 8",
+        lambda: _chunk_cat(list(LLAMA_QUARTER)),
+        (_ge("speedup_direct", 1.8), _ge("efficiency_direct", 0.7), _MODE),
     ),
     Workload(
         "mode_overhead",

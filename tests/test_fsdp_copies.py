@@ -1,0 +1,308 @@
+"""FSDP2's all-gather copy-out (fsdp.split_with_sizes_copy) and reduce-scatter copy-in
+(fsdp.chunk_cat) on the fast path: bitwise against stock (NaN payloads, -0.0, padding), dims,
+world sizes, empty shards, errors and partial writes, resize warnings, version counters, through
+the direct ops, the mode's interception and its debugging modes."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.distributed.fsdp._fully_shard._fsdp_collectives  # noqa: F401  registers fsdp::
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import npu_dispatch as nd
+from npu_dispatch import _native
+
+pytestmark = pytest.mark.skipif(not _native.available(), reason="native library not built")
+
+f32, bf16, f16 = torch.float32, torch.bfloat16, torch.float16
+fsdp = torch.ops.fsdp
+
+
+def _values(n: int, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    """Random values with NaN payloads, infinities and signed zeros."""
+    x = torch.randn(n, generator=gen)
+    if n:
+        bits = x.view(torch.int32)
+        bits[:: 5] = 0x7FA00001  # signalling NaN with a payload
+        bits[1:: 7] = -0x80000000  # -0.0 (the sign bit alone)
+        bits[2:: 11] = 0x7F800000
+    return x.to(dtype)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    c = t.contiguous()
+    return c.view(torch.uint8) if c.numel() else c
+
+
+def _same(a, b) -> bool:
+    return all(x.shape == y.shape and torch.equal(_bits(x), _bits(y)) for x, y in zip(a, b))
+
+
+# ---- copy-out ---------------------------------------------------------------------------------
+
+def _copy_out_case(world, sizes, dtype, seed):
+    """FSDP2's call: the all-gather output viewed (world, -1), one (world, size) out per shard."""
+    gen = torch.Generator().manual_seed(seed)
+    src = _values(world * sum(sizes), dtype, gen).view(world, sum(sizes))
+    return src, lambda: [torch.full((world, s), 7, dtype=dtype) for s in sizes]
+
+
+def _run_copy_out(fn, src, sizes, dim, make_out):
+    out = make_out()
+    before = [o._version for o in out]
+    fn(src, sizes, dim, out)
+    return out, [o._version - b for o, b in zip(out, before)]
+
+
+def stock_copy_out(src, sizes, dim, out):
+    fsdp.split_with_sizes_copy(src, sizes, dim=dim, out=out)
+
+
+def mode_copy_out(src, sizes, dim, out):
+    with nd.NpuFastCopyMode():
+        fsdp.split_with_sizes_copy(src, sizes, dim=dim, out=out)
+
+
+def direct_copy_out(src, sizes, dim, out):
+    nd.split_with_sizes_copy(src, sizes, dim, out=out)
+
+
+def op_copy_out(src, sizes, dim, out):
+    torch.ops.npu_dispatch.split_with_sizes_copy(src, sizes, dim, out=out)
+
+
+COPY_OUT = (mode_copy_out, direct_copy_out, op_copy_out)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 16), st.lists(st.integers(0, 300), min_size=1, max_size=12),
+       st.sampled_from([f32, bf16, f16, torch.int32]), st.integers(0, 5))
+def test_copy_out_matches_stock_bitwise_with_versions(world, sizes, dtype, seed):
+    src, make_out = _copy_out_case(world, sizes, dtype, seed)
+    want, want_v = _run_copy_out(stock_copy_out, src, sizes, 1, make_out)
+    for fn in COPY_OUT:
+        got, got_v = _run_copy_out(fn, src, sizes, 1, make_out)
+        assert _same(got, want) and got_v == want_v, fn.__name__
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2, -1, -3])
+def test_copy_out_splits_any_dim_as_stock(dim):
+    gen = torch.Generator().manual_seed(0)
+    src = _values(4 * 6 * 5, f32, gen).view(4, 6, 5)
+    n = src.size(dim)
+    sizes = [1, n - 3, 0, 2] if n >= 3 else [n]
+    shape = lambda s: [s if k == dim % 3 else src.size(k) for k in range(3)]  # noqa: E731
+    make_out = lambda: [torch.zeros(shape(s)) for s in sizes]  # noqa: E731
+    want, want_v = _run_copy_out(stock_copy_out, src, sizes, dim, make_out)
+    for fn in COPY_OUT:
+        got, got_v = _run_copy_out(fn, src, sizes, dim, make_out)
+        assert _same(got, want) and got_v == want_v, (fn.__name__, dim)
+
+
+def test_fsdp_copy_out_takes_the_fast_path_in_the_mode():
+    src, make_out = _copy_out_case(8, [300, 17, 0, 1024], bf16, 1)
+    out = make_out()
+    with nd.NpuFastCopyMode() as mode:
+        fsdp.split_with_sizes_copy(src, [300, 17, 0, 1024], dim=1, out=out)
+    paths = mode.stats.as_dict()["ops"]["fsdp.split_with_sizes_copy"]["paths"]
+    assert paths["foreach"]["pairs"] == 8 * 3 and paths["foreach"]["launches"] == 1
+    assert mode.stats.total_fallback_calls == 0
+
+
+def _bad_copy_out_cases():
+    src = torch.arange(24.0).view(2, 12)
+    ok = lambda: [torch.zeros(2, 5), torch.zeros(2, 7)]  # noqa: E731
+    return {
+        "sizes_do_not_sum": (src, [5, 6], 1, ok),
+        "wrong_count": (src, [5, 7], 1, lambda: [torch.zeros(2, 5)]),
+        "second_out_wrong_dtype": (src, [5, 7], 1, lambda: [torch.zeros(2, 5), torch.zeros(2, 7, dtype=bf16)]),
+        "bad_dim": (src, [5, 7], 3, ok),
+        "negative_size": (src, [-1, 13], 1, ok),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_bad_copy_out_cases()))
+def test_copy_out_bad_input_raises_as_stock_after_the_same_writes(name):
+    src, sizes, dim, make_out = _bad_copy_out_cases()[name]
+    results = []
+    for fn in (stock_copy_out, *COPY_OUT):
+        out = make_out()
+        with pytest.raises(Exception) as info:
+            fn(src, sizes, dim, out)
+        results.append((type(info.value), str(info.value).split("\n")[0], [o.clone() for o in out]))
+    for fn, r in zip(COPY_OUT, results[1:]):
+        assert r[:2] == results[0][:2] and _same(r[2], results[0][2]), fn.__name__
+
+
+def test_copy_out_resizes_a_wrongly_shaped_out_with_stocks_warning():
+    src = torch.arange(24.0).view(2, 12)
+    got = []
+    for fn in (stock_copy_out, *COPY_OUT):
+        out = [torch.zeros(3), torch.zeros(2, 7)]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fn(src, [5, 7], 1, out)
+        got.append(([str(w.message).split(".")[0] for w in caught if issubclass(w.category, UserWarning)], out))
+    for fn, (msgs, out) in zip(COPY_OUT, got[1:]):
+        assert msgs == got[0][0] and msgs, fn.__name__
+        assert _same(out, got[0][1]), fn.__name__
+
+
+def test_copy_out_overlapping_out_goes_to_stock_with_its_result():
+    for fn in (stock_copy_out, *COPY_OUT):
+        src = torch.arange(24.0).view(2, 12)
+        out = [src[:, :5].contiguous(), src.view(-1)[:14].view(2, 7)]  # the second aliases src
+        fn(src, [5, 7], 1, out)
+        if fn is stock_copy_out:
+            want = [o.clone() for o in out]
+        else:
+            assert _same(out, want), fn.__name__
+
+
+# ---- chunk_cat --------------------------------------------------------------------------------
+
+def _chunk_cat_case(shapes, dtype, out_dtype, world, dim, seed):
+    gen = torch.Generator().manual_seed(seed)
+    tensors = [_values(int(torch.tensor(s).prod().item()), dtype, gen).view(s) for s in shapes]
+    stock_out = torch._chunk_cat(tensors, dim, world).to(out_dtype)
+    return tensors, lambda: torch.full(stock_out.shape, 7, dtype=out_dtype)
+
+
+def stock_chunk_cat(tensors, dim, n, out):
+    fsdp.chunk_cat(tensors, dim, n, out=out)
+
+
+def mode_chunk_cat(tensors, dim, n, out):
+    with nd.NpuFastCopyMode():
+        fsdp.chunk_cat(tensors, dim, n, out=out)
+
+
+def direct_chunk_cat(tensors, dim, n, out):
+    nd.chunk_cat(tensors, dim, n, out=out)
+
+
+def op_chunk_cat(tensors, dim, n, out):
+    torch.ops.npu_dispatch.chunk_cat(tensors, dim, n, out=out)
+
+
+CHUNK_CAT = (mode_chunk_cat, direct_chunk_cat, op_chunk_cat)
+
+
+def _run_chunk_cat(fn, tensors, dim, n, make_out):
+    out = make_out()
+    before = out._version
+    fn(tensors, dim, n, out)
+    return out, out._version - before
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 16), st.lists(st.tuples(st.integers(1, 70), st.integers(1, 4)), min_size=1, max_size=10),
+       st.sampled_from([(bf16, f32), (f32, f32), (bf16, bf16), (f32, bf16), (f16, f16)]), st.booleans(),
+       st.integers(0, 5))
+def test_chunk_cat_matches_stock_bitwise_with_padding_and_versions(world, dims, dtypes, two_d, seed):
+    shapes = [(a, b) if two_d else (a * b,) for a, b in dims]
+    tensors, make_out = _chunk_cat_case(shapes, dtypes[0], dtypes[1], world, 0, seed)
+    want, want_v = _run_chunk_cat(stock_chunk_cat, tensors, 0, world, make_out)
+    for fn in CHUNK_CAT:
+        got, got_v = _run_chunk_cat(fn, tensors, 0, world, make_out)
+        assert _same([got], [want]) and got_v == want_v, fn.__name__
+
+
+@pytest.mark.parametrize("dim", [1, 2, -1])
+def test_chunk_cat_chunks_any_dim_as_stock(dim):
+    shapes = [(3, 5, 7), (3, 5, 3)] if dim != 1 else [(3, 5, 7), (3, 2, 4), (3, 9, 1)]
+    tensors, make_out = _chunk_cat_case(shapes, bf16, f32, 4, dim, 3)
+    want, _ = _run_chunk_cat(stock_chunk_cat, tensors, dim, 4, make_out)
+    for fn in CHUNK_CAT:
+        got, _ = _run_chunk_cat(fn, tensors, dim, 4, make_out)
+        assert _same([got], [want]), (fn.__name__, dim)
+
+
+def test_fsdp_chunk_cat_takes_the_fast_path_in_the_mode():
+    tensors, make_out = _chunk_cat_case([(37,), (64, 3), (5, 2)], bf16, f32, 8, 0, 2)
+    out = make_out()
+    with nd.NpuFastCopyMode() as mode:
+        fsdp.chunk_cat(tensors, 0, 8, out=out)
+    paths = mode.stats.as_dict()["ops"]["fsdp.chunk_cat"]["paths"]
+    assert paths["foreach"]["calls"] == 1 and paths["foreach"]["launches"] == 1
+    assert mode.stats.total_fallback_calls == 0
+
+
+def _bad_chunk_cat_cases():
+    ok_out = lambda: torch.zeros(2, 8)  # noqa: E731
+    return {
+        "empty_list": ([], 0, 2, ok_out),
+        "zero_chunks": ([torch.ones(4)], 0, 0, ok_out),
+        "empty_tensor": ([torch.ones(4), torch.ones(0)], 0, 2, ok_out),
+        "two_dtypes": ([torch.ones(4), torch.ones(4, dtype=bf16)], 0, 2, ok_out),
+        "leading_dims_differ": ([torch.ones(2, 4), torch.ones(3, 4)], 1, 2, ok_out),
+        "dim_out_of_range": ([torch.ones(4)], 2, 2, ok_out),
+        "float_into_an_int_out": ([torch.ones(4)], 0, 2, lambda: torch.zeros(2, 2, dtype=torch.int64)),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_bad_chunk_cat_cases()))
+def test_chunk_cat_bad_input_raises_as_stock(name):
+    tensors, dim, n, make_out = _bad_chunk_cat_cases()[name]
+    results = []
+    for fn in (stock_chunk_cat, *CHUNK_CAT):
+        out = make_out()
+        with pytest.raises(Exception) as info:
+            fn(tensors, dim, n, out)
+        results.append((type(info.value), str(info.value).split("\n")[0], out.clone()))
+    for fn, r in zip(CHUNK_CAT, results[1:]):
+        assert r[:2] == results[0][:2] and torch.equal(_bits(r[2]), _bits(results[0][2])), fn.__name__
+
+
+def test_chunk_cat_resizes_a_wrongly_shaped_out_with_stocks_warning():
+    tensors = [torch.arange(5.0), torch.arange(3.0)]
+    got = []
+    for fn in (stock_chunk_cat, *CHUNK_CAT):
+        out = torch.zeros(3)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fn(tensors, 0, 2, out)
+        got.append(([str(w.message).split(".")[0] for w in caught if issubclass(w.category, UserWarning)], out))
+    for fn, (msgs, out) in zip(CHUNK_CAT, got[1:]):
+        assert msgs == got[0][0] and msgs, fn.__name__
+        assert _same([out], [got[0][1]]), fn.__name__
+
+
+# ---- the debugging modes, opcheck -------------------------------------------------------------
+
+def test_strict_and_verify_serve_both_ops_and_strict_names_a_fallback():
+    src, make_out = _copy_out_case(4, [10, 20], bf16, 0)
+    tensors, make_cc = _chunk_cat_case([(9,), (30,)], bf16, f32, 4, 0, 0)
+    with nd.NpuFastCopyMode(strict=True, verify=True) as mode:
+        fsdp.split_with_sizes_copy(src, [10, 20], dim=1, out=make_out())
+        fsdp.chunk_cat(tensors, 0, 4, out=make_cc())
+    ops = mode.stats.as_dict()["ops"]
+    assert ops["fsdp.split_with_sizes_copy"]["fast_calls"] == 1 and ops["fsdp.chunk_cat"]["fast_calls"] == 1
+    strided = [torch.zeros(4, 20)[:, :10], torch.zeros(4, 20)]
+    with pytest.raises(nd.FastCopyFallbackError, match="fsdp.split_with_sizes_copy falls back"):
+        with nd.NpuFastCopyMode(strict=True):
+            fsdp.split_with_sizes_copy(src, [10, 20], dim=1, out=strided)
+    assert not strided[0].any() and not strided[1].any()  # nothing written
+
+
+def test_opcheck_passes_for_both_ops():
+    src, make_out = _copy_out_case(2, [3, 4], f32, 0)
+    torch.library.opcheck(torch.ops.npu_dispatch.split_with_sizes_copy.default, (src, [3, 4], 1),
+                          {"out": make_out()})
+    tensors, make_cc = _chunk_cat_case([(5,), (2, 3)], bf16, f32, 2, 0, 0)
+    torch.library.opcheck(torch.ops.npu_dispatch.chunk_cat.default, (tensors, 0, 2), {"out": make_cc()})
+
+
+def test_fake_tensors_trace_both_ops_with_stocks_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        src = torch.empty(2, 12)
+        out = [torch.empty(2, 5), torch.empty(2, 7)]
+        torch.ops.npu_dispatch.split_with_sizes_copy(src, [5, 7], 1, out=out)
+        cc = torch.empty(2, 4)
+        torch.ops.npu_dispatch.chunk_cat([torch.empty(5), torch.empty(3)], 0, 2, out=cc)
+    assert [tuple(o.shape) for o in out] == [(2, 5), (2, 7)] and tuple(cc.shape) == (2, 5)
