@@ -4,6 +4,7 @@
 #include "fsdp_copies.h"
 
 #include <ATen/core/LegacyTypeDispatch.h>
+#include <c10/core/GradMode.h>
 #include <ATen/record_function.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
@@ -19,10 +20,10 @@
 namespace npu_dispatch {
 namespace {
 
-// A tensor the pieces may address directly: plain strided, dense from its storage offset,
-// with a version counter, no lazy bit, not meta.
-bool plain_contiguous(const at::Tensor& t) {
-  if (!t.defined() || t.layout() != at::kStrided || t.is_meta() || !t.is_contiguous()) return false;
+// A tensor the pieces may address directly: plain strided (contiguity is checked apart, for its
+// reason), with a version counter, no lazy bit, not meta.
+bool plain(const at::Tensor& t) {
+  if (!t.defined() || t.layout() != at::kStrided || t.is_meta()) return false;
   if (t.is_conj() || t.is_neg() || t.is_nested()) return false;
   static const c10::DispatchKeySet wrappers({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot,
                                              c10::DispatchKey::Functionalize, c10::DispatchKey::FuncTorchBatched,
@@ -179,7 +180,12 @@ class PieceCopy {
     std::vector<int64_t> v(kCountsLen, 0);
     if (!d.empty()) v = plan_and_run(d, s, false, false, /*bump=*/false);
     v[0] = kExecuted | kBumped;
-    v[path_slot(kForeach, 2)] += fills;
+    // The fills count with the path that took the pieces (the one with most of them).
+    int best = kForeach;
+    for (int p = 0; p < kNumPaths; ++p) {
+      if (v[path_slot(static_cast<Path>(p), 0)] > v[path_slot(static_cast<Path>(best), 0)]) best = p;
+    }
+    v[path_slot(static_cast<Path>(best), 2)] += fills;
     return v;
   }
 
@@ -222,7 +228,26 @@ std::optional<std::vector<int64_t>> run_pieces(at::TensorList dsts, at::TensorLi
   return copy.device(strict, why);
 }
 
-bool bumps_here() { return !c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView); }
+// Stock raises for an out= argument that requires grad (and records NotImplemented for a
+// non-leaf): such calls are stock's.
+bool needs_autograd(at::TensorList a, at::TensorList b) {
+  if (!c10::GradMode::is_enabled()) return false;
+  for (const auto l : {a, b}) {
+    for (const auto& t : l) {
+      if (t.requires_grad()) return true;
+    }
+  }
+  return false;
+}
+
+bool all_contiguous(at::TensorList a, at::TensorList b) {
+  for (const auto l : {a, b}) {
+    for (const auto& t : l) {
+      if (!t.is_contiguous()) return false;
+    }
+  }
+  return true;
+}
 
 }  // namespace
 
@@ -232,7 +257,7 @@ std::optional<std::vector<int64_t>> split_with_sizes_copy(const at::Tensor& src,
   RECORD_FUNCTION("npu_dispatch::split_with_sizes_copy", std::vector<c10::IValue>());
   const auto n = static_cast<int64_t>(out.size());
   *why = Kind::MayRaise;
-  bool ok = plain_contiguous(src) && src.dim() > 0 && n == static_cast<int64_t>(sizes.size());
+  bool ok = plain(src) && src.dim() > 0 && n == static_cast<int64_t>(sizes.size());
   int64_t wrapped = 0, outer = 1, inner = 1, total = 0;
   if (ok) {
     ok = dim >= -src.dim() && dim < src.dim();
@@ -254,7 +279,7 @@ std::optional<std::vector<int64_t>> split_with_sizes_copy(const at::Tensor& src,
     for (int64_t i = 0; i < n && ok; ++i) {
       want[wrapped] = sizes[i];
       const auto& o = out[i];
-      ok = plain_contiguous(o) && o.scalar_type() == src.scalar_type() && o.device() == src.device() &&
+      ok = plain(o) && o.scalar_type() == src.scalar_type() && o.device() == src.device() &&
            o.sizes() == c10::IntArrayRef(want);
       if (ok && o.numel() > 0) spans.push_back(span_of(o));
     }
@@ -264,9 +289,17 @@ std::optional<std::vector<int64_t>> split_with_sizes_copy(const at::Tensor& src,
     }
   }
   if (!ok) return std::nullopt;
+  if (needs_autograd({src}, out)) {
+    *why = Kind::Subclass;
+    return std::nullopt;
+  }
+  if (!all_contiguous({src}, out)) {
+    *why = Kind::NotDense;
+    return std::nullopt;
+  }
   std::vector<Piece> pieces;
-  pieces.reserve(outer * n);
-  for (int64_t o = 0; o < outer; ++o) {
+  if (src.numel() > 0) pieces.reserve(outer * n);
+  for (int64_t o = 0; o < outer && src.numel() > 0; ++o) {
     int64_t off = 0;
     for (int64_t i = 0; i < n; ++i) {
       if (sizes[i] * inner > 0) {
@@ -276,7 +309,7 @@ std::optional<std::vector<int64_t>> split_with_sizes_copy(const at::Tensor& src,
     }
   }
   auto counts = run_pieces(out, {src}, std::move(pieces), src.device(), strict, /*narrowing=*/true, why);
-  if (counts && bump && bumps_here()) {
+  if (counts && bump) {
     for (const auto& o : out) o.unsafeGetTensorImpl()->bump_version();
   }
   return counts;
@@ -287,13 +320,14 @@ std::optional<std::vector<int64_t>> chunk_cat(at::TensorList tensors, int64_t di
   RECORD_FUNCTION("npu_dispatch::chunk_cat", std::vector<c10::IValue>());
   const auto n = static_cast<int64_t>(tensors.size());
   *why = Kind::MayRaise;
-  bool ok = n > 0 && num_chunks >= 1 && plain_contiguous(out);
+  // num_chunks bounded so that (size + num_chunks - 1) cannot overflow.
+  bool ok = n > 0 && num_chunks >= 1 && num_chunks <= (int64_t{1} << 40) && plain(out);
   int64_t wrapped = dim;
   if (ok) {
     const auto& t0 = tensors[0];
     bool same_ndim = true;
     for (const auto& t : tensors) {
-      ok = ok && plain_contiguous(t) && t.numel() > 0 && t.scalar_type() == t0.scalar_type() &&
+      ok = ok && plain(t) && t.numel() > 0 && t.scalar_type() == t0.scalar_type() &&
            t.device() == t0.device() && t.device() == out.device();
       same_ndim = same_ndim && ok && t.dim() == t0.dim();
     }
@@ -335,6 +369,22 @@ std::optional<std::vector<int64_t>> chunk_cat(at::TensorList tensors, int64_t di
     }
   }
   if (!ok) return std::nullopt;
+  // One dtype, or a widening float cast: any other cast is cat_out's to check (it refuses what
+  // cannot be cast) and to round (its NaN bits are not copy_'s).
+  const auto in_dt = tensors[0].scalar_type(), out_dt = out.scalar_type();
+  if (in_dt != out_dt && !(at::isFloatingType(in_dt) && at::isFloatingType(out_dt) &&
+                           c10::elementSize(out_dt) > c10::elementSize(in_dt))) {
+    *why = Kind::Dtype;
+    return std::nullopt;
+  }
+  if (needs_autograd(tensors, {out})) {
+    *why = Kind::Subclass;
+    return std::nullopt;
+  }
+  if (!all_contiguous(tensors, {out})) {
+    *why = Kind::NotDense;
+    return std::nullopt;
+  }
   std::vector<Piece> pieces;
   pieces.reserve(pre * num_chunks * n);
   for (int64_t p = 0; p < pre; ++p) {
@@ -348,7 +398,7 @@ std::optional<std::vector<int64_t>> chunk_cat(at::TensorList tensors, int64_t di
     }
   }
   auto counts = run_pieces({out}, tensors, std::move(pieces), out.device(), strict, /*narrowing=*/false, why);
-  if (counts && bump && bumps_here()) out.unsafeGetTensorImpl()->bump_version();
+  if (counts && bump) out.unsafeGetTensorImpl()->bump_version();
   return counts;
 }
 

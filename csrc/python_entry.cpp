@@ -261,6 +261,32 @@ bool one_tensor(PyObject* o, const char* name, at::Tensor* out) {
   return true;
 }
 
+bool below_ad_inplace_or_view() {
+  return c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView);
+}
+
+// Exact tensors only: a subclass's __torch_function__ must see the call (the dispatcher path).
+bool exact_items(PyObject* seq) {
+  PyObject** items;
+  Py_ssize_t n;
+  if (!seq_items(seq, &items, &n)) return false;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (!THPVariable_CheckExact(items[i])) return false;
+  }
+  return true;
+}
+
+// An int argument of a direct entry, or false (the error cleared: the dispatcher path raises it).
+bool small_int(PyObject* o, int64_t* v) {
+  if (!PyLong_Check(o)) return false;
+  *v = PyLong_AsLongLong(o);
+  if (*v == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  return true;
+}
+
 // `bump`: None is stock's rule where the call is made (below ADInplaceOrView, none).
 bool bump_arg(PyObject* o) {
   return o == Py_None ? !c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView)
@@ -311,6 +337,9 @@ PyObject* split_with_sizes_copy(PyObject* /*self*/, PyObject* const* args, Py_ss
         at::split_with_sizes_copy_out(out, src, sizes, dim);
         int64_t bytes = 0;
         for (const auto& o : out.list()) bytes += o.numel() * static_cast<int64_t>(o.element_size());
+        if (bump && below_ad_inplace_or_view()) {  // stock's out= op called from the caller's level bumps
+          for (const auto& o : out.list()) o.unsafeGetTensorImpl()->bump_version();
+        }
         return bytes;
       }));
   END_HANDLE_TH_ERRORS
@@ -336,6 +365,7 @@ PyObject* chunk_cat(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs)
       [&](npu_dispatch::Kind* why) { return npu_dispatch::chunk_cat(tensors, dim, num_chunks, out, strict, bump, why); },
       [&] {
         at::_chunk_cat_out(out, tensors, dim, num_chunks);
+        if (bump && below_ad_inplace_or_view()) out.unsafeGetTensorImpl()->bump_version();
         return out.numel() * static_cast<int64_t>(out.element_size());
       }));
   END_HANDLE_TH_ERRORS
@@ -360,19 +390,19 @@ bool direct_ok(at::TensorList a, at::TensorList b) {
 PyObject* split_with_sizes_copy_direct(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
   if (!arity(nargs, 4, 4, "split_with_sizes_copy_direct(src, sizes, dim, out)")) return nullptr;
-  if (!THPVariable_Check(args[0]) || !PyLong_Check(args[2])) Py_RETURN_FALSE;
+  int64_t dim;
+  if (!THPVariable_CheckExact(args[0]) || !small_int(args[2], &dim) || !exact_items(args[3])) Py_RETURN_FALSE;
+  PyObject** items;
+  Py_ssize_t n;
+  if (!seq_items(args[1], &items, &n)) Py_RETURN_FALSE;
   PyRefs refs;
   npu_dispatch::BorrowedTensors out;
   std::vector<int64_t> sizes;
-  PyObject** items;
-  Py_ssize_t n;
-  if (!seq_items(args[3], &items, &n) || !seq_items(args[1], &items, &n)) Py_RETURN_FALSE;
   if (!int_list(args[1], "all_gather_input_split_sizes", &sizes) || !unpack(args[3], "out", &refs, &out)) {
     PyErr_Clear();
     Py_RETURN_FALSE;
   }
   const at::Tensor& src = THPVariable_Unpack(args[0]);
-  const int64_t dim = PyLong_AsLongLong(args[2]);
   if (!direct_ok({src}, out)) Py_RETURN_FALSE;
   const int64_t t0 = npu_dispatch::now_ns();
   npu_dispatch::Kind why;
@@ -391,10 +421,11 @@ PyObject* split_with_sizes_copy_direct(PyObject* /*self*/, PyObject* const* args
 PyObject* chunk_cat_direct(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
   if (!arity(nargs, 4, 4, "chunk_cat_direct(tensors, dim, num_chunks, out)")) return nullptr;
-  if (!THPVariable_Check(args[3]) || !PyLong_Check(args[1]) || !PyLong_Check(args[2])) Py_RETURN_FALSE;
-  PyObject** items;
-  Py_ssize_t n;
-  if (!seq_items(args[0], &items, &n)) Py_RETURN_FALSE;
+  int64_t dim, num_chunks;
+  if (!THPVariable_CheckExact(args[3]) || !small_int(args[1], &dim) || !small_int(args[2], &num_chunks) ||
+      !exact_items(args[0])) {
+    Py_RETURN_FALSE;
+  }
   PyRefs refs;
   npu_dispatch::BorrowedTensors tensors;
   if (!unpack(args[0], "tensors", &refs, &tensors)) {
@@ -402,8 +433,6 @@ PyObject* chunk_cat_direct(PyObject* /*self*/, PyObject* const* args, Py_ssize_t
     Py_RETURN_FALSE;
   }
   const at::Tensor& out = THPVariable_Unpack(args[3]);
-  const int64_t dim = PyLong_AsLongLong(args[1]);
-  const int64_t num_chunks = PyLong_AsLongLong(args[2]);
   if (!direct_ok(tensors, {out})) Py_RETURN_FALSE;
   const int64_t t0 = npu_dispatch::now_ns();
   npu_dispatch::Kind why;

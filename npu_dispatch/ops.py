@@ -41,13 +41,22 @@ def _all_gather_copy_in_kernel(all_gather_inputs, all_gather_output, inp_split_s
     )
 
 
+def _current_stats():
+    """The stats of the innermost NpuFastCopyMode this thread entered, else the global ones (as
+    the C++ kernels of the other ops count: csrc/mode_scope.h record_call)."""
+    from . import mode
+
+    entered = mode._entered()
+    return entered[-1].stats if entered else _stats._GLOBAL
+
+
 def _split_with_sizes_copy_kernel(all_gather_output, all_gather_input_split_sizes, dim=0, *, out):
-    engine.split_with_sizes_copy(all_gather_output, all_gather_input_split_sizes, dim, out, stats=_stats._GLOBAL,
+    engine.split_with_sizes_copy(all_gather_output, all_gather_input_split_sizes, dim, out, stats=_current_stats(),
                                  op="npu_dispatch.split_with_sizes_copy", bump=None)
 
 
 def _chunk_cat_kernel(tensors, dim, num_chunks, *, out):
-    engine.chunk_cat(tensors, dim, num_chunks, out, stats=_stats._GLOBAL, op="npu_dispatch.chunk_cat", bump=None)
+    engine.chunk_cat(tensors, dim, num_chunks, out, stats=_current_stats(), op="npu_dispatch.chunk_cat", bump=None)
 
 
 # CompositeExplicitAutograd serves every backend with one kernel. Once the native library loads,

@@ -306,3 +306,83 @@ def test_fake_tensors_trace_both_ops_with_stocks_shapes():
         cc = torch.empty(2, 4)
         torch.ops.npu_dispatch.chunk_cat([torch.empty(5), torch.empty(3)], 0, 2, out=cc)
     assert [tuple(o.shape) for o in out] == [(2, 5), (2, 7)] and tuple(cc.shape) == (2, 5)
+
+
+# ---- review findings: autograd, versions under the debugging modes, casts, subclasses, stats ----
+
+def test_chunk_cat_into_an_out_that_requires_grad_raises_as_stock():
+    tensors = [torch.ones(4), torch.ones(3)]
+    errors = []
+    for fn in (stock_chunk_cat, *CHUNK_CAT):
+        out = torch.zeros(2, 4, requires_grad=True)
+        with pytest.raises(RuntimeError) as info:
+            fn(tensors, 0, 2, out)
+        errors.append(str(info.value).split("\n")[0])
+    assert len(set(errors)) == 1 and "automatic differentiation" in errors[0]
+
+
+@pytest.mark.parametrize("debug", [{"strict": True}, {"verify": True}])
+def test_version_counters_move_as_stock_under_the_debugging_modes(debug):
+    src, make_out = _copy_out_case(2, [3, 4], f32, 0)
+    tensors, make_cc = _chunk_cat_case([(5,), (3,)], bf16, f32, 2, 0, 0)
+    for ctx in (None, debug):
+        out, cc = make_out(), make_cc()
+        with (nd.NpuFastCopyMode(**ctx) if ctx else torch.no_grad()):
+            fsdp.split_with_sizes_copy(src, [3, 4], dim=1, out=out)
+            fsdp.chunk_cat(tensors, 0, 2, out=cc)
+        got = ([o._version for o in out], cc._version)
+        if ctx is None:
+            want = got
+    assert got == want == ([1, 1], 1)
+
+
+def test_chunk_cat_casts_that_are_not_widening_stay_stocks():
+    for out_dtype in (torch.int32, torch.int64, bf16):
+        tensors = [torch.tensor([1.5, -2.5, 3.0])]
+        results = []
+        for fn in (stock_chunk_cat, *CHUNK_CAT):
+            out = torch.zeros(1, 3, dtype=out_dtype)
+            try:
+                fn(tensors, 0, 1, out)
+                results.append(("ok", out.clone()))
+            except Exception as e:  # noqa: BLE001  compared with stock's
+                results.append((type(e), str(e).split("\n")[0]))
+        for fn, r in zip(CHUNK_CAT, results[1:]):
+            assert r[0] == results[0][0], (fn.__name__, out_dtype)
+            if r[0] == "ok":
+                assert torch.equal(_bits(r[1]), _bits(results[0][1]))
+            else:
+                assert r == results[0]
+
+
+def test_direct_functions_let_a_subclass_see_the_call():
+    seen = []
+
+    class Logged(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    src = torch.arange(12.0).view(2, 6).as_subclass(Logged)
+    nd.split_with_sizes_copy(src, [2, 4], 1, out=[torch.zeros(2, 2), torch.zeros(2, 4)])
+    nd.chunk_cat([torch.ones(3).as_subclass(Logged)], 0, 1, out=torch.zeros(1, 3))
+    assert len(seen) >= 2
+
+
+def test_a_dim_too_large_for_int64_raises_as_stock_and_writes_nothing():
+    src = torch.arange(24.0).view(2, 12)
+    for fn in (stock_copy_out, direct_copy_out):
+        out = [torch.zeros(2, 5), torch.zeros(2, 7)]
+        with pytest.raises(RuntimeError):
+            fn(src, [5, 7], 2 ** 70, out)
+        assert not out[0].any() and not out[1].any(), fn.__name__
+
+
+def test_the_ops_count_in_the_mode_they_run_in():
+    src, make_out = _copy_out_case(2, [3, 4], f32, 0)
+    with nd.NpuFastCopyMode() as mode:
+        torch.ops.npu_dispatch.split_with_sizes_copy(src, [3, 4], 1, out=make_out())
+        nd.chunk_cat([torch.ones(3)], 0, 1, out=torch.zeros(1, 3))
+    ops = mode.stats.as_dict()["ops"]
+    assert ops["npu_dispatch.split_with_sizes_copy"]["calls"] == 1 and ops["npu_dispatch.chunk_cat"]["calls"] == 1

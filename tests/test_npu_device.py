@@ -494,3 +494,16 @@ def test_copy_out_and_chunk_cat_on_npu_match_stock_in_fewer_launches(version):
     assert stock[0] == {"copy": len(sizes)}  # one strided copy per parameter
     assert mode[0] == {"aclnnForeachCopy": math.ceil(world * len(sizes) / 48)}  # the rows, batched
     assert total(mode[1]) < total(stock[1])
+
+
+def test_chunk_cat_on_npu_refuses_casts_stock_refuses():
+    cann("8.0.RC3")
+    tensors = [torch.tensor([1.5, -2.5, 3.0], device="npu")]
+    results = []
+    for ctx in (None, nd.NpuFastCopyMode):
+        out = torch.zeros(1, 3, dtype=torch.int32, device="npu")
+        with (ctx() if ctx else torch.no_grad()):
+            with pytest.raises(Exception) as info:
+                torch.ops.fsdp.chunk_cat(tensors, 0, 1, out=out)
+        results.append((type(info.value), str(info.value).split("\n")[0], bits(out), out._version))
+    assert all(torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b for a, b in zip(*results))
