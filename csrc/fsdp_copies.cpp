@@ -198,7 +198,8 @@ class PieceCopy {
 // The CPU kernel where the device's capability is a host pass, else the planner; no capability,
 // or a whole_list_only device (CUDA has stock kernels of its own for both ops): nullopt.
 std::optional<std::vector<int64_t>> run_pieces(at::TensorList dsts, at::TensorList srcs, std::vector<Piece> pieces,
-                                               c10::Device device, bool strict, bool narrowing, Kind* why) {
+                                               c10::Device device, bool strict, bool narrowing, bool on_device,
+                                               Kind* why) {
   if (pieces.empty()) {
     std::vector<int64_t> v(kCountsLen, 0);
     v[0] = kExecuted | kBumped;
@@ -216,6 +217,12 @@ std::optional<std::vector<int64_t>> run_pieces(at::TensorList dsts, at::TensorLi
   }
   if (!narrowing && dsts[0].element_size() < srcs[0].element_size()) {
     *why = Kind::Dtype;
+    return std::nullopt;
+  }
+  if (!cap->host_pass && !on_device) {
+    // The device's own op is one call (a zero fill, the pad copies and one cat under stock); its
+    // pieces through the planner would issue more launches than that.
+    *why = Kind::NoCapability;
     return std::nullopt;
   }
   PieceCopy copy(dsts, srcs, std::move(pieces), narrowing);
@@ -308,7 +315,8 @@ std::optional<std::vector<int64_t>> split_with_sizes_copy(const at::Tensor& src,
       off += sizes[i];
     }
   }
-  auto counts = run_pieces(out, {src}, std::move(pieces), src.device(), strict, /*narrowing=*/true, why);
+  auto counts = run_pieces(out, {src}, std::move(pieces), src.device(), strict, /*narrowing=*/true,
+                           /*on_device=*/true, why);
   if (counts && bump) {
     for (const auto& o : out) o.unsafeGetTensorImpl()->bump_version();
   }
@@ -397,7 +405,8 @@ std::optional<std::vector<int64_t>> chunk_cat(at::TensorList tensors, int64_t di
       }
     }
   }
-  auto counts = run_pieces({out}, tensors, std::move(pieces), out.device(), strict, /*narrowing=*/false, why);
+  auto counts = run_pieces({out}, tensors, std::move(pieces), out.device(), strict, /*narrowing=*/false,
+                           /*on_device=*/false, why);
   if (counts && bump) out.unsafeGetTensorImpl()->bump_version();
   return counts;
 }

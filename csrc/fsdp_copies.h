@@ -4,9 +4,10 @@
 //   fsdp::chunk_cat(grads, 0, world, out=reduce_scatter_input.view(world, -1))
 // Each call becomes a list of contiguous 1-D pieces (copy-out: row r of parameter i; chunk_cat:
 // chunk c of gradient i, widened as it goes, and its zero padding): on a host-pass device (CPU)
-// the library's kernel copies them in one pass; on another device with a capability they go to
-// the one planner as a _foreach_copy_ of piece views (its groups, stages and the device's batched
-// kernel). Anything else is refused before a byte is written, and the caller runs stock's op.
+// the library's kernel copies them in one pass; the copy-out on another device with a capability
+// goes to the one planner as a _foreach_copy_ of row views (its groups and the device's batched
+// kernel), while chunk_cat there stays the device's own op (one call, fewer launches than its
+// pieces). Anything else is refused before a byte is written, and the caller runs stock's op.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -259,8 +259,8 @@ def chunk_cat(tensors: Sequence[torch.Tensor], dim: int, num_chunks: int, *, out
     ``dim + 1`` into ``out``, cast to ``out``'s dtype (FSDP2: bf16 gradients into an fp32
     ``[world_size, -1]`` reduce-scatter input).
 
-    Served (one CPU kernel pass with the cast and the padding inside; on npu, one zero fill and a
-    planned ``_foreach_copy_`` of the chunks) where every tensor is contiguous, ``out`` is
+    Served on the CPU (one kernel pass with the cast and the padding inside; on other devices the
+    device's own op, one call, keeps it) where every tensor is contiguous, ``out`` is
     contiguous of exactly the result's shape, the cast keeps one dtype or widens (bf16 / fp16 ->
     fp32: stock's cat narrows with other NaN bits than copy_) and nothing overlaps; everything else is stock's
     ``torch._chunk_cat``, with its errors, resize warning and writes. ``out``'s version counter moves
