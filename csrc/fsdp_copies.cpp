@@ -23,13 +23,7 @@ namespace {
 // A tensor the pieces may address directly: plain strided (contiguity is checked apart, for its
 // reason), with a version counter, no lazy bit, not meta.
 bool plain(const at::Tensor& t) {
-  if (!t.defined() || t.layout() != at::kStrided || t.is_meta()) return false;
-  if (t.is_conj() || t.is_neg() || t.is_nested()) return false;
-  static const c10::DispatchKeySet wrappers({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot,
-                                             c10::DispatchKey::Functionalize, c10::DispatchKey::FuncTorchBatched,
-                                             c10::DispatchKey::FuncTorchGradWrapper,
-                                             c10::DispatchKey::ZeroTensor});
-  if (t.key_set().has_any(wrappers)) return false;
+  if (is_subclass(t) || t.layout() != at::kStrided || t.is_meta() || t.is_conj() || t.is_neg()) return false;
   return has_version_counter(t) && copy_dtype(t.scalar_type());
 }
 

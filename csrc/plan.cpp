@@ -35,9 +35,13 @@ c10::DispatchKeySet wrapper_keys() {
 // FakeTensor...) to stock; a Parameter or a __torch_function__-only subclass is a plain tensor.
 // Wrapper tensors (functional, batched, zero, nested) too: they have no raw memory to write, or
 // copy_ would change their metadata too.
+}  // namespace
+
 bool is_subclass(const at::Tensor& t) {
   return !t.defined() || t.key_set().has_any(wrapper_keys()) || t.is_nested();
 }
+
+namespace {
 
 // Storage-less strided tensors (lazy, XLA) have no address to compare. has_storage() is a
 // virtual call, so skip it where every strided tensor has one.

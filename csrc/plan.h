@@ -92,6 +92,10 @@ std::vector<int64_t> encode_plan(const Plan& p);
 
 void check_lists(at::TensorList dsts, at::TensorList srcs);
 
+// A tensor with a __torch_dispatch__ of its own (DTensor, FakeTensor...) or a wrapper tensor
+// (functional, batched, zero, nested), or an undefined one: never addressed directly.
+bool is_subclass(const at::Tensor& t);
+
 // Pairs whose version counter stock's own op leaves unmoved: on a device whose batched routes
 // keep versions (Capability::batched_keeps_versions), the pairs of each source-dtype group that
 // route takes, as op-plugin groups and routes a list. Empty when no pair is on such a device.

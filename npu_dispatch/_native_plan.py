@@ -46,7 +46,18 @@ def _who(is_dst: int) -> str:
     return "dst" if is_dst else "src"
 
 
-def _stock_text(kind: str, a: int, b: int, sub: int, dsts, srcs) -> str:
+_OWN_OP = "the device's own _foreach_copy_ takes the whole call"
+
+
+def _stock_text(kind: str, a: int, b: int, sub: int, dsts, srcs, own_op: bool = False) -> str:
+    """Why the whole call is stock's; ``own_op``: a device whose own op takes it whole (plan.h)."""
+    text = _stock_reason_text(kind, a, b, sub, dsts, srcs, own_op)
+    if own_op and _OWN_OP not in text:
+        text = f"{text}; {_OWN_OP}"
+    return text
+
+
+def _stock_reason_text(kind: str, a: int, b: int, sub: int, dsts, srcs, own_op: bool) -> str:
     if kind == "subclass":
         bad = dsts[a] if sub in (0, 2) else srcs[a]
         if sub >= 2:
@@ -82,13 +93,10 @@ def _stock_text(kind: str, a: int, b: int, sub: int, dsts, srcs) -> str:
         return _whole_list_text(cap.name if cap is not None else d.device.type)
     if kind in _FALLBACK_KINDS:
         # No pair has a fast path, on a device whose own op batches: that op takes the call whole.
-        return (f"no pair has a fast path ({_fallback_text(kind, a, sub, d, s)}, the first): the "
-                "device's own _foreach_copy_ takes the whole call")
+        return f"no pair has a fast path ({_fallback_text(kind, a, sub, d, s)}, the first): {_OWN_OP}"
     if kind == "aliasing":
-        return (
-            f"{_who(sub & 2)}[{b}] overlaps {_who(sub & 1)}[{a}]: "
-            "kept as stock's sequential copy_ loop"
-        )
+        overlap = f"{_who(sub & 2)}[{b}] overlaps {_who(sub & 1)}[{a}]"
+        return f"{overlap}; {_OWN_OP}" if own_op else f"{overlap}: kept as stock's sequential copy_ loop"
     return kind
 
 
@@ -126,12 +134,8 @@ def decode_plan(v: Sequence[int], dsts: Sequence[torch.Tensor], srcs: Sequence[t
     if stock >= 0:
         # As in plan.py, pairs classified before the whole-stock decision stay listed.
         kind = KINDS[stock]
-        plan.stock_reason = (kind, _stock_text(kind, a, b, sub, dsts, srcs))
+        plan.stock_reason = (kind, _stock_text(kind, a, b, sub, dsts, srcs, own_op=stock_launches >= 0))
     plan.stock_launches = stock_launches if stock_launches >= 0 else None
-    if plan.stock_reason is not None and plan.stock_launches is not None:
-        kind, text = plan.stock_reason
-        text = text.replace(": kept as stock's sequential copy_ loop", "")
-        plan.stock_reason = (kind, f"{text}; the device's own _foreach_copy_ takes the whole call")
     pos = 13
     for _ in range(n_runs):
         count, numel = v[pos], v[pos + 1]

@@ -50,6 +50,5 @@ void reset_launches() {
 
 LaunchScope::LaunchScope() { ++t_kernel_depth; }
 LaunchScope::~LaunchScope() { --t_kernel_depth; }
-bool LaunchScope::inside() { return t_kernel_depth > 0; }
 
 }  // namespace npu_dispatch::emulated_npu

@@ -38,7 +38,6 @@ void reset_launches();
 struct LaunchScope {
   LaunchScope();
   ~LaunchScope();
-  static bool inside();
 };
 
 }  // namespace npu_dispatch::emulated_npu

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
 import threading
 import types
@@ -90,17 +91,12 @@ def available() -> tuple[bool, str]:
         return True, ""
     if _source_dir() is None:
         return False, "the emulated device's C++ sources (csrc/emulated_npu) are not installed"
-    if not _which(os.environ.get("CXX", "c++")):
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
         return False, "no C++ compiler: the emulated device builds with torch.utils.cpp_extension"
     if _build_error is not None:
         return False, _build_error
     return True, ""
 
-
-def _which(cmd: str) -> bool:
-    import shutil
-
-    return shutil.which(cmd) is not None
 
 
 def _load():
