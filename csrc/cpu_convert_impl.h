@@ -1,11 +1,14 @@
 // Body of one conversion variant; included by cpu_convert_<capability>.cpp after it has chosen
 // CPU_CAPABILITY and the target ISA. Every element, tails included, goes through the same
 // Vectorized conversion, as in ATen's reduced_float_copy_kernel, so chunk boundaries never show.
+// A run's dst must not overlap its src (the planner and the fsdp copies refuse aliasing): a tail
+// rewrites the run's last full vector.
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
 
+#include "chunk_cat_kernel.h"
 #include "cpu_convert.h"
 
 namespace npu_dispatch {
@@ -24,7 +27,14 @@ void from_float(const float* src, uint16_t* dst_bits, int64_t n) {
     const auto b = fVec::loadu(src + i + fVec::size());
     at::vec::convert_from_float<R>(a, b).store(dst + i);
   }
-  if (i < n) {
+  if (i < n && n >= rVec::size()) {
+    // The last full vector once more, over elements the loop already wrote with these same bits:
+    // no masked tail (a piece of a few vectors pays most of its time there).
+    i = n - rVec::size();
+    const auto a = fVec::loadu(src + i);
+    const auto b = fVec::loadu(src + i + fVec::size());
+    at::vec::convert_from_float<R>(a, b).store(dst + i);
+  } else if (i < n) {
     const int64_t rem = n - i;
     const int64_t fs = fVec::size();
     const auto a = fVec::loadu(src + i, std::min(rem, fs));
@@ -44,13 +54,66 @@ void to_float(const uint16_t* src_bits, float* dst, int64_t n) {
     a.store(dst + i);
     b.store(dst + i + fVec::size());
   }
-  if (i < n) {
+  if (i < n && n >= rVec::size()) {
+    i = n - rVec::size();  // as from_float's tail
+    const auto [a, b] = at::vec::convert_to_float<R>(rVec::loadu(src + i));
+    a.store(dst + i);
+    b.store(dst + i + fVec::size());
+  } else if (i < n) {
     const int64_t rem = n - i;
     const int64_t fs = fVec::size();
     const auto [a, b] = at::vec::convert_to_float<R>(rVec::loadu(src + i, rem));
     a.store(dst + i, std::min(rem, fs));
     b.store(dst + i + fs, std::max<int64_t>(rem - fs, 0));
   }
+}
+
+// to_float with streaming stores for the vectors that start on a vector's alignment in dst (the
+// elements before and after through to_float): the same conversion, so the same bits. A pass far
+// beyond the cache writes each line without reading it first (stream_copy.h). The caller fences.
+template <typename R>
+void to_float_stream(const uint16_t* src_bits, float* dst, int64_t n) {
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  using fVec = Vectorized<float>;
+  using rVec = Vectorized<R>;
+  constexpr uintptr_t kAlign = fVec::size() * sizeof(float);
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(dst);
+  const int64_t head = static_cast<int64_t>(((kAlign - addr % kAlign) % kAlign) / sizeof(float));
+  if (addr % sizeof(float) != 0 || n < head + rVec::size()) {
+    to_float<R>(src_bits, dst, n);
+    return;
+  }
+  if (head > 0) to_float<R>(src_bits, dst, head);
+  const R* src = reinterpret_cast<const R*>(src_bits);
+  int64_t i = head;
+  for (; i + rVec::size() <= n; i += rVec::size()) {
+    const auto [a, b] = at::vec::convert_to_float<R>(rVec::loadu(src + i));
+#if defined(CPU_CAPABILITY_AVX512)
+    _mm512_stream_ps(dst + i, a);
+    _mm512_stream_ps(dst + i + fVec::size(), b);
+#else
+    _mm256_stream_ps(dst + i, a);
+    _mm256_stream_ps(dst + i + fVec::size(), b);
+#endif
+  }
+  if (i < n) to_float<R>(src_bits + i, dst + i, n - i);
+#else
+  to_float<R>(src_bits, dst, n);
+#endif
+}
+
+template <typename R>
+void chunk_cat_to_float(const ChunkCatLayout& l, int64_t lo, int64_t hi) {
+  chunk_cat_range(l, 2, 4, lo, hi, [](char* d, const char* s, int64_t n) {
+    to_float<R>(reinterpret_cast<const uint16_t*>(s), reinterpret_cast<float*>(d), n);
+  });
+}
+
+template <typename R>
+void chunk_cat_to_float_stream(const ChunkCatLayout& l, int64_t lo, int64_t hi) {
+  chunk_cat_range(l, 2, 4, lo, hi, [](char* d, const char* s, int64_t n) {
+    to_float_stream<R>(reinterpret_cast<const uint16_t*>(s), reinterpret_cast<float*>(d), n);
+  });
 }
 
 const ConvertFns* fns() {
@@ -60,6 +123,10 @@ const ConvertFns* fns() {
       &to_float<c10::BFloat16>,
       &from_float<c10::Half>,
       &to_float<c10::Half>,
+      &chunk_cat_to_float<c10::BFloat16>,
+      &chunk_cat_to_float<c10::Half>,
+      &chunk_cat_to_float_stream<c10::BFloat16>,
+      &chunk_cat_to_float_stream<c10::Half>,
   };
   return &f;
 }

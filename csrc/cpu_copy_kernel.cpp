@@ -213,6 +213,8 @@ bool CpuCopyBatch::route(at::ScalarType src, at::ScalarType dst, CopyOp* op, boo
   return true;
 }
 
+const ConvertFns* CpuCopyBatch::fns(CopyOp op) const { return config_->ops[static_cast<int>(op)].fns; }
+
 void CpuCopyBatch::add_fbgemm_f16_to_f32(char* dst, const char* src, int64_t numel) {
   add_fbgemm_chunks(&items_, dst, src, numel, split_threads_);
 }
@@ -286,7 +288,8 @@ void CpuCopyBatch::copy_bytes(int64_t begin, int64_t end, bool backward, bool st
   }
 }
 
-void CpuCopyBatch::count_pass(int64_t items, int64_t bytes) {
+void CpuCopyBatch::count_pass(int64_t items, int64_t bytes, int64_t streamed) {
+  if (streamed > 0) g_streamed.fetch_add(streamed, std::memory_order_relaxed);
   g_passes.fetch_add(1, std::memory_order_relaxed);
   g_items.fetch_add(items, std::memory_order_relaxed);
   g_bytes.fetch_add(bytes, std::memory_order_relaxed);

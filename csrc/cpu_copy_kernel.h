@@ -22,6 +22,7 @@ struct WorkItem {
 };
 
 struct KernelConfig;
+struct ConvertFns;
 
 
 class CpuCopyBatch {
@@ -39,6 +40,8 @@ class CpuCopyBatch {
   // The fast lane's steps (fast_lane.cpp). route: the op for a dtype pair, false where this
   // kernel does not reproduce stock's bits; `mergeable` when adjacent pairs may share one item.
   bool route(at::ScalarType src, at::ScalarType dst, CopyOp* op, bool* mergeable) const;
+  // The conversion loops of a cast route() accepted (the published configuration's variant).
+  const ConvertFns* fns(CopyOp op) const;
   // One contiguous pair of a dtype pair route() called mergeable, inline (the lane adds one per
   // separately allocated pair): `n` as WorkItem::n; with `extend` it continues the last item
   // (adjacent in memory, same op).
@@ -85,7 +88,9 @@ class CpuCopyBatch {
   // pass can evict its own next lines first and run at L3 speed (docs/notes/profile.md, "The
   // second cause").
   static bool alternate();
-  static void count_pass(int64_t items, int64_t bytes);
+  // One pass of `items` work items, `bytes` destination bytes, `streamed` of them written with
+  // streaming stores (kernel_counters; chunk_cat_kernel.h counts its pass here too).
+  static void count_pass(int64_t items, int64_t bytes, int64_t streamed = 0);
 
  private:
   const KernelConfig* config_;
@@ -100,8 +105,8 @@ class CpuCopyBatch {
 // 2 AVX2, 3 AVX512) and whether FBGEMM's split is emulated, per conversion.
 std::vector<int64_t> self_check();
 
-// passes, items, bytes, bytes of byte copies in streaming passes: only this kernel moves them
-// (tests use it to see the C++ path ran).
+// passes, items, bytes, bytes written with streaming stores: only this kernel moves them (tests
+// use it to see the C++ path ran).
 std::vector<int64_t> kernel_counters();
 
 }  // namespace npu_dispatch

@@ -2,12 +2,13 @@
 // torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py calls them:
 //   fsdp::split_with_sizes_copy(all_gather_output.view(world, -1), sizes, dim=1, out=[...])
 //   fsdp::chunk_cat(grads, 0, world, out=reduce_scatter_input.view(world, -1))
-// Each call becomes a list of contiguous 1-D pieces (copy-out: row r of parameter i; chunk_cat:
-// chunk c of gradient i, widened as it goes, and its zero padding): on a host-pass device (CPU)
-// the library's kernel copies them in one pass; the copy-out on another device with a capability
-// goes to the one planner as a _foreach_copy_ of row views (its groups and the device's batched
-// kernel), while chunk_cat there stays the device's own op (one call, fewer launches than its
-// pieces). Anything else is refused before a byte is written, and the caller runs stock's op.
+// The copy-out becomes a list of contiguous 1-D pieces (row r of parameter i): on a host-pass
+// device (CPU) the library's kernel copies them in one pass; on another device with a capability
+// they go to the one planner as a _foreach_copy_ of row views (its groups and the device's
+// batched kernel). chunk_cat on the CPU is one pass of chunk_cat_kernel.h over out's elements
+// (each gradient's chunk, widened as it goes, and its zero padding); on other devices it stays
+// the device's own op (one call, fewer launches than its pieces). Anything else is refused
+// before a byte is written, and the caller runs stock's op.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -10,8 +10,9 @@
 
 namespace npu_dispatch {
 
-// Bytes read plus written at or above which a pass streams its byte copies: the size of the
-// level-3 (or higher) cache CPU 0 sits under (sysfs), 32 MB where none is listed; INT64_MAX
+// Bytes read plus written at or above which a pass streams its stores: the size of the level-3
+// (or higher) cache CPU 0 sits under (sysfs), 32 MB where none is listed, at most 96 MiB (a
+// virtual machine's slice of a larger package cache: stream_copy.cpp); INT64_MAX
 // (never) on a CPU without AVX2 streaming stores. The first call reads sysfs: the library's
 // load makes it (self_check), not a copy. Below the cache's size normal stores win (the data
 // stays cached), beyond it streaming does (docs/notes/profile.md, "Short rounds, and streaming

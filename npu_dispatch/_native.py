@@ -87,7 +87,7 @@ def self_check_result() -> dict | None:
 
 def info() -> dict:
     """Counters only the C++ side moves: one-pass CPU kernel runs, work items, destination bytes,
-    the bytes of byte copies in streaming passes (beyond the cache, csrc/stream_copy.h), calls
+    the bytes written with streaming stores (passes beyond the cache, csrc/stream_copy.h), calls
     that took the fast lane (csrc/fast_lane.h) instead of the full planner, and those of them
     whose checks were split across threads (csrc/sharded_lane.h); and the bytes read plus written
     from which a pass streams (``stream_moved_bytes``: the last-level cache's size)."""

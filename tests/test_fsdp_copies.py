@@ -241,12 +241,21 @@ def _bad_chunk_cat_cases():
         "leading_dims_differ": ([torch.ones(2, 4), torch.ones(3, 4)], 1, 2, ok_out),
         "dim_out_of_range": ([torch.ones(4)], 2, 2, ok_out),
         "float_into_an_int_out": ([torch.ones(4)], 0, 2, lambda: torch.zeros(2, 2, dtype=torch.int64)),
+        "negative_dim_over_mixed_ndims": ([torch.ones(4, 3), torch.ones(4)], -1, 2, ok_out),
+        "out_aliases_an_input": None,  # built below: out is a view of the input
     }
+
+
+def _aliased_chunk_cat_case(numel=8):
+    """An out whose elements hold part of the input (cat_out raises where no padding copies it)."""
+    buf = torch.arange(16.0)
+    return [buf[:numel]], 0, 2, lambda: buf[4:12].view(2, 4)
 
 
 @pytest.mark.parametrize("name", sorted(_bad_chunk_cat_cases()))
 def test_chunk_cat_bad_input_raises_as_stock(name):
-    tensors, dim, n, make_out = _bad_chunk_cat_cases()[name]
+    case = _bad_chunk_cat_cases()[name]
+    tensors, dim, n, make_out = case if case is not None else _aliased_chunk_cat_case()
     results = []
     for fn in (stock_chunk_cat, *CHUNK_CAT):
         out = make_out()
@@ -255,6 +264,40 @@ def test_chunk_cat_bad_input_raises_as_stock(name):
         results.append((type(info.value), str(info.value).split("\n")[0], out.clone()))
     for fn, r in zip(CHUNK_CAT, results[1:]):
         assert r[:2] == results[0][:2] and torch.equal(_bits(r[2]), _bits(results[0][2])), fn.__name__
+
+
+def test_chunk_cat_into_an_out_overlapping_a_padded_input_gets_stocks_result():
+    results = []
+    for fn in (stock_chunk_cat, *CHUNK_CAT):
+        tensors, dim, n, make_out = _aliased_chunk_cat_case(numel=7)
+        fn(tensors, dim, n, make_out())
+        results.append(tensors[0]._base.clone())
+    for fn, r in zip(CHUNK_CAT, results[1:]):
+        assert torch.equal(_bits(r), _bits(results[0])), fn.__name__
+
+
+def test_chunk_cat_mixes_ndims_under_a_non_negative_dim_as_stock():
+    for shapes, dim in (([(37, 3), (37,), (37, 2, 2)], 0), ([(4, 3), (4, 3, 2), (4, 5)], 1)):
+        tensors, make_out = _chunk_cat_case(shapes, bf16, f32, 4, dim, 5)
+        want, _ = _run_chunk_cat(stock_chunk_cat, tensors, dim, 4, make_out)
+        for fn in CHUNK_CAT:
+            got, _ = _run_chunk_cat(fn, tensors, dim, 4, make_out)
+            assert _same([got], [want]), (fn.__name__, dim)
+
+
+def test_chunk_cat_reads_a_tensor_listed_twice_on_the_fast_path():
+    # Inputs are only read: one tensor twice (or two overlapping views) is no aliasing of out.
+    base = _values(40, bf16, torch.Generator().manual_seed(4))
+    tensors = [base, base[3:30], base, base[:7]]
+    want = torch.full(torch._chunk_cat(tensors, 0, 3).shape, 7.0)
+    stock_chunk_cat(tensors, 0, 3, want)
+    for fn in CHUNK_CAT:
+        out = torch.full(want.shape, 7.0)
+        with nd.NpuFastCopyMode() as mode:
+            fn(tensors, 0, 3, out)
+        assert _same([out], [want]), fn.__name__
+        paths = mode.stats.as_dict()["ops"]
+        assert mode.stats.total_fallback_calls == 0, (fn.__name__, paths)
 
 
 def test_chunk_cat_resizes_a_wrongly_shaped_out_with_stocks_warning():

@@ -1,7 +1,7 @@
 """Passes beyond the last-level cache copy their bytes with streaming stores (csrc/stream_copy.h):
 bitwise stock's result at any alignment, through every entry, nothing written outside the
-destinations, and only where the call's bytes read plus written reach the threshold. Conversions
-never stream."""
+destinations, and only where the call's bytes read plus written reach the threshold. The
+foreach kernel's conversions never stream; chunk_cat's widening casts do."""
 from __future__ import annotations
 
 import os
@@ -140,3 +140,29 @@ def test_all_gather_copy_in_beyond_the_cache_streams_stocks_bytes():
     assert got_out is out and got_in.data_ptr() == out.data_ptr() + numel * rank * 2
     assert torch.equal(out.view(torch.uint8), want_out.view(torch.uint8))
     assert counter("kernel_streamed_bytes") - streamed == numel * 2
+
+
+@pytest.mark.parametrize("dtypes", [(torch.bfloat16, torch.float32), (torch.bfloat16, torch.bfloat16)],
+                         ids=["bf16->fp32", "bf16"])
+@pytest.mark.parametrize("world", [8, 3])
+def test_chunk_cat_beyond_the_cache_streams_stocks_bits(dtypes, world):
+    import torch.distributed.fsdp._fully_shard._fsdp_collectives  # noqa: F401  registers fsdp::chunk_cat
+
+    src_dt, out_dt = dtypes
+    # Read plus written just over the threshold, in gradients of odd lengths at odd offsets (the
+    # padding and unaligned pieces), one of them 2-D.
+    per = src_dt.itemsize + out_dt.itemsize
+    big = THRESHOLD // per // 2 + 4097
+    raw = [random_bytes((n + off) * src_dt.itemsize, n).view(src_dt)[off:] for n, off in ((big, 3), (big + 2, 1), (77, 5))]
+    tensors = raw[:2] + [raw[2][:76].view(19, 4)]
+    width = sum(-(-t.shape[0] // world) * (t[0].numel() if t.dim() > 1 else 1) for t in tensors)
+    want, want_buf = guarded(world * width, out_dt)
+    torch.ops.fsdp.chunk_cat(tensors, 0, world, out=want.view(world, width))
+    out, buf = guarded(world * width, out_dt)
+    streamed = counter("kernel_streamed_bytes")
+    with nd.NpuFastCopyMode() as mode:
+        torch.ops.fsdp.chunk_cat(tensors, 0, world, out=out.view(world, width))
+    assert mode.stats.total_fallback_calls == 0
+    assert torch.equal(buf.view(torch.uint8), want_buf.view(torch.uint8))
+    assert sum(t.nbytes for t in tensors) + out.nbytes >= THRESHOLD
+    assert counter("kernel_streamed_bytes") - streamed == out.nbytes
