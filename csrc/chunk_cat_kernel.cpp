@@ -30,15 +30,14 @@ bool run_chunk_cat(const ChunkCatLayout& l, int64_t* pairs) {
     *pairs += l.pre * ((t.rows + t.chunk - 1) / t.chunk);
   }
   const int64_t moved = in_numel * ies + out_numel * oes;
-  const bool stream = CpuCopyBatch::streams(moved);
+  bool stream = CpuCopyBatch::streams(moved);
   ChunkCatPass widen = nullptr;
   if (op != CopyOp::Memcpy) {
     const ConvertFns& f = *kernel.fns(op);
-    if (op == CopyOp::BF16ToF32) {
-      widen = stream ? f.chunk_cat_bf16_to_f32_stream : f.chunk_cat_bf16_to_f32;
-    } else {
-      widen = stream ? f.chunk_cat_f16_to_f32_stream : f.chunk_cat_f16_to_f32;
-    }
+    const bool bf16 = op == CopyOp::BF16ToF32;
+    const ChunkCatPass streamed = bf16 ? f.chunk_cat_bf16_to_f32_stream : f.chunk_cat_f16_to_f32_stream;
+    stream = stream && streamed != nullptr;  // a variant without streaming stores stores normally
+    widen = stream ? streamed : bf16 ? f.chunk_cat_bf16_to_f32 : f.chunk_cat_f16_to_f32;
   }
   auto range = [&](int64_t lo, int64_t hi) {
     if (widen != nullptr) {

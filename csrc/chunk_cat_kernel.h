@@ -5,41 +5,21 @@
 // piece's addresses as it goes: no piece list (docs/notes/profile.md, "chunk_cat's pass").
 #pragma once
 
-#include <c10/core/ScalarType.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <vector>
+
+#include "chunk_cat_layout.h"
 
 namespace npu_dispatch {
-
-// One input of the layout: contiguous [pre, rows, post] at `data`; its region of each out row
-// starts at element `offset` and is chunk * post elements (the chunk's rows that exist, then
-// zeros).
-struct ChunkSource {
-  const char* data;
-  int64_t rows, chunk, post, offset;
-};
-
-struct ChunkCatLayout {
-  char* out;  // contiguous [pre, num_chunks, width] of out_dtype
-  int64_t pre, num_chunks, width;
-  c10::ScalarType in_dtype, out_dtype;
-  std::vector<ChunkSource> sources;  // offsets strictly increasing, every region non-empty
-};
-
-// Writes out as stock's _chunk_cat writes it: the same bits where the dtype pair is one the CPU
-// kernel reproduces in any split (a byte copy, or a widening cast it called mergeable); false,
-// nothing written, otherwise. *pairs: the pieces with data (pre * sum of ceil(rows / chunk)).
-bool run_chunk_cat(const ChunkCatLayout& layout, int64_t* pairs);
 
 // out's elements [lo, hi), row by row: copy(dst, src, n) for each run of n data elements (element
 // sizes ies / oes), zeros for each run of padding. (Row by row measured faster on the CI host than
 // tensor by tensor, whose writes go to num_chunks rows at a time: docs/notes/profile.md.) A
 // template so that a conversion variant (cpu_convert_impl.h) inlines its loop into the pass: each
-// instance is that variant's own (its Copy type is), and this header defines no other inline
-// function, so no code built for one ISA can serve another's callers (cpu_convert_prelude.h).
+// instance is that variant's own (its Copy type is). The layout's structs (and their implicit
+// members) come from chunk_cat_layout.h, which cpu_convert_prelude.h includes before any ISA
+// switch, so no code built for one ISA can serve another's callers.
 template <typename Copy>
 void chunk_cat_range(const ChunkCatLayout& l, int64_t ies, int64_t oes, int64_t lo, int64_t hi, const Copy& copy) {
   if (lo >= hi) return;

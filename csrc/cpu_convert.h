@@ -19,7 +19,8 @@ struct ConvertFns {
   void (*f16_to_f32)(const uint16_t* src, float* dst, int64_t n);
   ChunkCatPass chunk_cat_bf16_to_f32;
   ChunkCatPass chunk_cat_f16_to_f32;
-  // The same with streaming stores (a pass beyond the cache; the caller fences).
+  // The same with streaming stores (a pass beyond the cache; the caller fences); nullptr in a
+  // variant without them.
   ChunkCatPass chunk_cat_bf16_to_f32_stream;
   ChunkCatPass chunk_cat_f16_to_f32_stream;
 };

@@ -98,7 +98,7 @@ void to_float_stream(const uint16_t* src_bits, float* dst, int64_t n) {
   }
   if (i < n) to_float<R>(src_bits + i, dst + i, n - i);
 #else
-  to_float<R>(src_bits, dst, n);
+  to_float<R>(src_bits, dst, n);  // not referenced: this variant publishes no streaming pass
 #endif
 }
 
@@ -125,8 +125,13 @@ const ConvertFns* fns() {
       &to_float<c10::Half>,
       &chunk_cat_to_float<c10::BFloat16>,
       &chunk_cat_to_float<c10::Half>,
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
       &chunk_cat_to_float_stream<c10::BFloat16>,
       &chunk_cat_to_float_stream<c10::Half>,
+#else
+      nullptr,  // no streaming stores in this variant: the pass stores normally
+      nullptr,
+#endif
   };
   return &f;
 }

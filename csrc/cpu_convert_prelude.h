@@ -10,6 +10,7 @@
 #include <ATen/native/cpu/zmath.h>
 #include <ATen/native/quantized/AffineQuantizerBase.h>
 #include <c10/macros/Macros.h>
+#include "chunk_cat_layout.h"
 #include "cpu_convert.h"
 #include <c10/util/BFloat16-math.h>
 #include <c10/util/BFloat16.h>
@@ -30,6 +31,7 @@
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #include <x86intrin.h>

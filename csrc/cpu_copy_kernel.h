@@ -88,8 +88,8 @@ class CpuCopyBatch {
   // pass can evict its own next lines first and run at L3 speed (docs/notes/profile.md, "The
   // second cause").
   static bool alternate();
-  // One pass of `items` work items, `bytes` destination bytes, `streamed` of them written with
-  // streaming stores (kernel_counters; chunk_cat_kernel.h counts its pass here too).
+  // One pass of `items` work items, `bytes` destination bytes, `streamed` of them in the copies
+  // made with streaming stores (kernel_counters; chunk_cat_kernel.h counts its pass here too).
   static void count_pass(int64_t items, int64_t bytes, int64_t streamed = 0);
 
  private:
@@ -105,8 +105,9 @@ class CpuCopyBatch {
 // 2 AVX2, 3 AVX512) and whether FBGEMM's split is emulated, per conversion.
 std::vector<int64_t> self_check();
 
-// passes, items, bytes, bytes written with streaming stores: only this kernel moves them (tests
-// use it to see the C++ path ran).
+// passes, items, bytes, bytes of the copies made with streaming stores (each copy's unaligned
+// head and tail and chunk_cat's padding store normally): only this kernel moves them (tests use
+// it to see the C++ path ran).
 std::vector<int64_t> kernel_counters();
 
 }  // namespace npu_dispatch

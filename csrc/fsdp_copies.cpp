@@ -278,10 +278,13 @@ std::optional<std::vector<int64_t>> chunk_cat(at::TensorList tensors, int64_t di
   if (nd0 == 0 || dim < -nd0) return std::nullopt;
   const int64_t wrapped = dim < 0 ? dim + nd0 : dim;
   const auto lead = t0.sizes().slice(0, std::min(wrapped, nd0));
-  ChunkCatLayout layout{static_cast<char*>(out.data_ptr()), 1, num_chunks, 0, in_dt, out_dt, {}};
+  // out's mutable pointer only once nothing refuses the call (it materializes a copy-on-write
+  // out, which stock leaves as it is where it raises).
+  ChunkCatLayout layout{nullptr, 1, num_chunks, 0, in_dt, out_dt, {}};
   for (const int64_t s : lead) layout.pre *= s;
   layout.sources.reserve(n);
-  bool grad = c10::GradMode::is_enabled() && out.requires_grad(), contiguous = out.is_contiguous();
+  const bool grad_mode = c10::GradMode::is_enabled();
+  bool grad = grad_mode && out.requires_grad(), contiguous = out.is_contiguous();
   // Only out is written: an input may alias another (both read), not out (cat_out raises).
   const Span out_span = span_of(out);
   bool aliased = false;
@@ -299,7 +302,7 @@ std::optional<std::vector<int64_t>> chunk_cat(at::TensorList tensors, int64_t di
     int64_t post = 1;
     for (int64_t k = wrapped + 1; k < nd; ++k) post *= sizes[k];
     const int64_t chunk = pow2 ? (rows + num_chunks - 1) >> shift : (rows + num_chunks - 1) / num_chunks;
-    grad = grad || t.requires_grad();
+    grad = grad || (grad_mode && t.requires_grad());
     contiguous = contiguous && t.is_contiguous();
     const Span span = span_of(t);
     aliased = aliased || (span.start < out_span.end && out_span.start < span.end);
@@ -341,6 +344,7 @@ std::optional<std::vector<int64_t>> chunk_cat(at::TensorList tensors, int64_t di
     return std::nullopt;
   }
   int64_t pairs = 0;
+  layout.out = static_cast<char*>(out.data_ptr());
   if (!run_chunk_cat(layout, &pairs)) {
     *why = Kind::Dtype;
     return std::nullopt;

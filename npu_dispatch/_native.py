@@ -87,10 +87,11 @@ def self_check_result() -> dict | None:
 
 def info() -> dict:
     """Counters only the C++ side moves: one-pass CPU kernel runs, work items, destination bytes,
-    the bytes written with streaming stores (passes beyond the cache, csrc/stream_copy.h), calls
-    that took the fast lane (csrc/fast_lane.h) instead of the full planner, and those of them
-    whose checks were split across threads (csrc/sharded_lane.h); and the bytes read plus written
-    from which a pass streams (``stream_moved_bytes``: the last-level cache's size)."""
+    the destination bytes of the copies made with streaming stores (passes beyond the cache,
+    csrc/stream_copy.h), calls that took the fast lane (csrc/fast_lane.h) instead of the full
+    planner, and those of them whose checks were split across threads (csrc/sharded_lane.h); and
+    the bytes read plus written from which a pass streams (``stream_moved_bytes``: the last-level
+    cache's size, at most 96 MiB)."""
     if _planned is None:
         return {}
     abi, passes, items, nbytes, streamed, lane, sharded, stream_at = _module.info()

@@ -276,6 +276,27 @@ def test_chunk_cat_into_an_out_overlapping_a_padded_input_gets_stocks_result():
         assert torch.equal(_bits(r), _bits(results[0])), fn.__name__
 
 
+def test_chunk_cat_of_gradients_that_require_grad_is_served_under_no_grad():
+    tensors, make_out = _chunk_cat_case([(37,), (16, 3)], bf16, f32, 8, 0, 6)
+    tensors = [t.requires_grad_() for t in tensors]
+    want, want_v = _run_chunk_cat(stock_chunk_cat, tensors, 0, 8, make_out)
+    with torch.no_grad():
+        for fn in CHUNK_CAT:
+            with nd.NpuFastCopyMode() as mode:
+                got, got_v = _run_chunk_cat(fn, tensors, 0, 8, make_out)
+            assert _same([got], [want]) and got_v == want_v, fn.__name__
+            assert mode.stats.total_fallback_calls == 0, fn.__name__
+
+
+def test_a_refused_chunk_cat_leaves_a_copy_on_write_out_as_stock_does():
+    tensors = [torch.ones(5), torch.ones(5, dtype=torch.float64)]  # two dtypes: stock raises
+    for fn in (stock_chunk_cat, *CHUNK_CAT):
+        out = torch._lazy_clone(torch.zeros(2, 3))
+        with pytest.raises(RuntimeError):
+            fn(tensors, 0, 2, out)
+        assert torch._C._is_cow_tensor(out), fn.__name__
+
+
 def test_chunk_cat_mixes_ndims_under_a_non_negative_dim_as_stock():
     for shapes, dim in (([(37, 3), (37,), (37, 2, 2)], 0), ([(4, 3), (4, 3, 2), (4, 5)], 1)):
         tensors, make_out = _chunk_cat_case(shapes, bf16, f32, 4, dim, 5)

@@ -165,4 +165,8 @@ def test_chunk_cat_beyond_the_cache_streams_stocks_bits(dtypes, world):
     assert mode.stats.total_fallback_calls == 0
     assert torch.equal(buf.view(torch.uint8), want_buf.view(torch.uint8))
     assert sum(t.nbytes for t in tensors) + out.nbytes >= THRESHOLD
-    assert counter("kernel_streamed_bytes") - streamed == out.nbytes
+    # The whole out in a streaming pass, unless the cast's conversion variant has no streaming
+    # stores (DEFAULT: it stores normally).
+    variant = (_native.self_check_result() or {}).get("bf16->f32", {}).get("variant")
+    streams = src_dt == out_dt or variant in ("AVX2", "AVX512")
+    assert counter("kernel_streamed_bytes") - streamed == (out.nbytes if streams else 0)
