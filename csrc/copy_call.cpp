@@ -59,7 +59,7 @@ void stock_foreach_copy(at::TensorList dsts, at::TensorList srcs, bool non_block
 }
 
 bool stock_bumps(at::TensorList dsts) {
-  if (!c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView)) return true;
+  if (bumps_here()) return true;
   const auto caps = current_capabilities();
   for (const auto& d : dsts) {
     if (d.defined() && !d.is_cpu()) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <cstdint>
 #include <tuple>
@@ -42,6 +43,10 @@ void stock_foreach_copy(at::TensorList dsts, at::TensorList srcs, bool non_block
 // Whether this thread is inside plan_and_run: the stock ops it issues (a device's own batched
 // kernel, stock's per-pair loop) must reach the backends, not the interception kernels again.
 bool inside_planner();
+
+// Whether an in-place or out= op called here moves its outputs' version counters: ADInplaceOrView
+// is in reach (not excluded, as it is below that key).
+inline bool bumps_here() { return !c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView); }
 
 // Whether stock's _foreach_copy_ called here would bump the destinations' version counters:
 // always, except below ADInplaceOrView, where its per-pair copy_ loop bumps none. A batched

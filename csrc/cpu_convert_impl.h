@@ -43,8 +43,8 @@ void from_float(const float* src, uint16_t* dst_bits, int64_t n) {
   }
 }
 
-// Always inlined where it is called (chunk_cat's pass: one call per run of ~80 elements); its
-// address is still taken for the fns() table.
+// Always inlined where it is called (chunk_cat's pass calls it once per chunk of each gradient);
+// its address is still taken for the fns() table.
 template <typename R>
 C10_ALWAYS_INLINE void to_float(const uint16_t* src_bits, float* dst, int64_t n) {
   using fVec = Vectorized<float>;
@@ -70,12 +70,19 @@ C10_ALWAYS_INLINE void to_float(const uint16_t* src_bits, float* dst, int64_t n)
   }
 }
 
+template <typename R>
+void chunk_cat_to_float(const ChunkCatLayout& l, int64_t lo, int64_t hi) {
+  chunk_cat_range(l, 2, 4, lo, hi, [](char* d, const char* s, int64_t n) {
+    to_float<R>(reinterpret_cast<const uint16_t*>(s), reinterpret_cast<float*>(d), n);
+  });
+}
+
 // to_float with streaming stores for the vectors that start on a vector's alignment in dst (the
 // elements before and after through to_float): the same conversion, so the same bits. A pass far
 // beyond the cache writes each line without reading it first (stream_copy.h). The caller fences.
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 template <typename R>
 void to_float_stream(const uint16_t* src_bits, float* dst, int64_t n) {
-#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
   using fVec = Vectorized<float>;
   using rVec = Vectorized<R>;
   constexpr uintptr_t kAlign = fVec::size() * sizeof(float);
@@ -99,16 +106,6 @@ void to_float_stream(const uint16_t* src_bits, float* dst, int64_t n) {
 #endif
   }
   if (i < n) to_float<R>(src_bits + i, dst + i, n - i);
-#else
-  to_float<R>(src_bits, dst, n);  // not referenced: this variant publishes no streaming pass
-#endif
-}
-
-template <typename R>
-void chunk_cat_to_float(const ChunkCatLayout& l, int64_t lo, int64_t hi) {
-  chunk_cat_range(l, 2, 4, lo, hi, [](char* d, const char* s, int64_t n) {
-    to_float<R>(reinterpret_cast<const uint16_t*>(s), reinterpret_cast<float*>(d), n);
-  });
 }
 
 template <typename R>
@@ -117,6 +114,7 @@ void chunk_cat_to_float_stream(const ChunkCatLayout& l, int64_t lo, int64_t hi) 
     to_float_stream<R>(reinterpret_cast<const uint16_t*>(s), reinterpret_cast<float*>(d), n);
   });
 }
+#endif
 
 const ConvertFns* fns() {
   static const ConvertFns f{

@@ -33,11 +33,15 @@ std::optional<std::vector<int64_t>> split_with_sizes_copy(const at::Tensor& src,
 // tensor zero-padded along `dim` to a multiple of num_chunks, viewed as [..., num_chunks, -1], and
 // concatenated along dim + 1 into `out`, cast to out's dtype. Served where every tensor is contiguous
 // with stock's preconditions met, out is contiguous of exactly the result's shape, the cast is one
-// the CPU kernel reproduces (or the device has a capability) and nothing overlaps.
+// the CPU kernel reproduces and out overlaps no input (inputs, only read, may overlap each other);
+// on a device without a host pass, nullopt (its own op is one call).
 std::optional<std::vector<int64_t>> chunk_cat(at::TensorList tensors, int64_t dim, int64_t num_chunks,
                                               const at::Tensor& out, bool strict, bool bump, Kind* why);
 
 // The count vector of a call handed to stock whole, for `why`.
 std::vector<int64_t> stock_counts(Kind why, int64_t pairs, int64_t bytes);
+
+// The tensors' bytes (numel x element size), as stock_counts counts them.
+int64_t total_bytes(at::TensorList ts);
 
 }  // namespace npu_dispatch

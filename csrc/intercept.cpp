@@ -100,14 +100,6 @@ std::tuple<at::Tensor, at::Tensor> fsdp_all_gather_copy_in(c10::DispatchKeySet k
 
 using SplitCopyFn = void(const at::Tensor&, c10::SymIntArrayRef, int64_t, at::TensorList);
 
-int64_t total_bytes(at::TensorList ts) {
-  int64_t b = 0;
-  for (const auto& t : ts) b += t.numel() * static_cast<int64_t>(t.element_size());
-  return b;
-}
-
-bool bumps_here() { return !c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView); }
-
 // FSDP2's all-gather copy-out (fsdp_copies.h); refused calls go on to FSDP's kernel unchanged.
 void fsdp_split_with_sizes_copy(c10::DispatchKeySet ks, const at::Tensor& src, c10::SymIntArrayRef sizes, int64_t dim,
                                 at::TensorList out) {

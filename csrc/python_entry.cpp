@@ -52,7 +52,9 @@ class PyRefs {
   std::vector<PyObject*> objs_;
 };
 
-bool unpack(PyObject* seq, const char* name, PyRefs* refs, npu_dispatch::BorrowedTensors* out) {
+// `exact`: a subclass item is refused too (a direct entry leaves it to the dispatcher path, where
+// its __torch_function__ sees the call).
+bool unpack(PyObject* seq, const char* name, PyRefs* refs, npu_dispatch::BorrowedTensors* out, bool exact = false) {
   PyObject* fast = PySequence_Fast(seq, "expected a list or tuple of Tensors");
   if (fast == nullptr) return false;
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
@@ -60,7 +62,7 @@ bool unpack(PyObject* seq, const char* name, PyRefs* refs, npu_dispatch::Borrowe
   refs->reserve(2 * n);
   out->reserve(n);
   for (Py_ssize_t i = 0; i < n; ++i) {
-    if (!THPVariable_Check(items[i])) {
+    if (exact ? !THPVariable_CheckExact(items[i]) : !THPVariable_Check(items[i])) {
       PyErr_Format(PyExc_TypeError, "%s[%zd] is a %s, not a Tensor", name, i, Py_TYPE(items[i])->tp_name);
       Py_DECREF(fast);
       return false;
@@ -261,21 +263,6 @@ bool one_tensor(PyObject* o, const char* name, at::Tensor* out) {
   return true;
 }
 
-bool below_ad_inplace_or_view() {
-  return c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView);
-}
-
-// Exact tensors only: a subclass's __torch_function__ must see the call (the dispatcher path).
-bool exact_items(PyObject* seq) {
-  PyObject** items;
-  Py_ssize_t n;
-  if (!seq_items(seq, &items, &n)) return false;
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    if (!THPVariable_CheckExact(items[i])) return false;
-  }
-  return true;
-}
-
 // An int argument of a direct entry, or false (the error cleared: the dispatcher path raises it).
 bool small_int(PyObject* o, int64_t* v) {
   if (!PyLong_Check(o)) return false;
@@ -289,8 +276,7 @@ bool small_int(PyObject* o, int64_t* v) {
 
 // `bump`: None is stock's rule where the call is made (below ADInplaceOrView, none).
 bool bump_arg(PyObject* o) {
-  return o == Py_None ? !c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView)
-                      : PyObject_IsTrue(o) == 1;
+  return o == Py_None ? npu_dispatch::bumps_here() : PyObject_IsTrue(o) == 1;
 }
 
 // A served call's counts; a refused one runs stock's op here (its checks, messages, warnings,
@@ -335,9 +321,8 @@ PyObject* split_with_sizes_copy(PyObject* /*self*/, PyObject* const* args, Py_ss
       [&](npu_dispatch::Kind* why) { return npu_dispatch::split_with_sizes_copy(src, sizes, dim, out, strict, bump, why); },
       [&] {
         at::split_with_sizes_copy_out(out, src, sizes, dim);
-        int64_t bytes = 0;
-        for (const auto& o : out.list()) bytes += o.numel() * static_cast<int64_t>(o.element_size());
-        if (bump && below_ad_inplace_or_view()) {  // stock's out= op called from the caller's level bumps
+        const int64_t bytes = npu_dispatch::total_bytes(out);
+        if (bump && !npu_dispatch::bumps_here()) {  // stock's out= op called from the caller's level bumps
           for (const auto& o : out.list()) o.unsafeGetTensorImpl()->bump_version();
         }
         return bytes;
@@ -365,8 +350,8 @@ PyObject* chunk_cat(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs)
       [&](npu_dispatch::Kind* why) { return npu_dispatch::chunk_cat(tensors, dim, num_chunks, out, strict, bump, why); },
       [&] {
         at::_chunk_cat_out(out, tensors, dim, num_chunks);
-        if (bump && below_ad_inplace_or_view()) out.unsafeGetTensorImpl()->bump_version();
-        return out.numel() * static_cast<int64_t>(out.element_size());
+        if (bump && !npu_dispatch::bumps_here()) out.unsafeGetTensorImpl()->bump_version();
+        return npu_dispatch::total_bytes({out});
       }));
   END_HANDLE_TH_ERRORS
 }
@@ -391,14 +376,16 @@ PyObject* split_with_sizes_copy_direct(PyObject* /*self*/, PyObject* const* args
   HANDLE_TH_ERRORS
   if (!arity(nargs, 4, 4, "split_with_sizes_copy_direct(src, sizes, dim, out)")) return nullptr;
   int64_t dim;
-  if (!THPVariable_CheckExact(args[0]) || !small_int(args[2], &dim) || !exact_items(args[3])) Py_RETURN_FALSE;
   PyObject** items;
   Py_ssize_t n;
-  if (!seq_items(args[1], &items, &n)) Py_RETURN_FALSE;
+  if (!THPVariable_CheckExact(args[0]) || !small_int(args[2], &dim) || !seq_items(args[3], &items, &n) ||
+      !seq_items(args[1], &items, &n)) {
+    Py_RETURN_FALSE;
+  }
   PyRefs refs;
   npu_dispatch::BorrowedTensors out;
   std::vector<int64_t> sizes;
-  if (!int_list(args[1], "all_gather_input_split_sizes", &sizes) || !unpack(args[3], "out", &refs, &out)) {
+  if (!int_list(args[1], "all_gather_input_split_sizes", &sizes) || !unpack(args[3], "out", &refs, &out, true)) {
     PyErr_Clear();
     Py_RETURN_FALSE;
   }
@@ -428,16 +415,12 @@ PyObject* chunk_cat_direct(PyObject* /*self*/, PyObject* const* args, Py_ssize_t
       !seq_items(args[0], &items, &n) || !unobserved()) {
     Py_RETURN_FALSE;
   }
-  // One pass over the list (a 200-tensor call pays for each pass: docs/notes/profile.md). An out
-  // or a tensor that requires grad is refused by chunk_cat itself.
+  // An out or a tensor that requires grad is refused by chunk_cat itself.
   PyRefs refs;
   npu_dispatch::BorrowedTensors tensors;
-  refs.reserve(n);
-  tensors.reserve(n);
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    if (!THPVariable_CheckExact(items[i])) Py_RETURN_FALSE;
-    refs.add(items[i]);
-    tensors.push_back(THPVariable_Unpack(items[i]));
+  if (!unpack(args[0], "tensors", &refs, &tensors, true)) {
+    PyErr_Clear();
+    Py_RETURN_FALSE;
   }
   const at::Tensor& out = THPVariable_Unpack(args[3]);
   const int64_t t0 = npu_dispatch::now_ns();

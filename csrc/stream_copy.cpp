@@ -93,9 +93,9 @@ bool stream_supported() {
 }  // namespace
 
 // The most a pass may move before it streams, whatever sysfs says: a virtual machine on a large
-// package sees the package's whole last-level cache (480 MiB on the CI host) and holds a slice of
-// it; there streaming began to win between 64 and 128 MB moved, for byte copies and conversions
-// alike (docs/notes/profile.md, "chunk_cat's pass").
+// package sees the package's whole last-level cache and holds a slice of it (the crossover
+// measured on the CI host, for byte copies and conversions: docs/notes/profile.md, "chunk_cat's
+// pass").
 constexpr int64_t kMaxStreamMovedBytes = int64_t{96} << 20;
 
 int64_t stream_moved_bytes() {

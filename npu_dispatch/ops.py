@@ -120,6 +120,11 @@ def _chunk_cat_fake(tensors, dim, num_chunks, *, out):
     torch._chunk_cat(tensors, dim, num_chunks, out=out)
 
 
+def _as_list(v):
+    """A tuple as the list a ``Tensor[]`` / ``SymInt[]`` argument of torch.ops takes; else as is."""
+    return list(v) if type(v) is tuple else v
+
+
 def _tensor_list(fn: str, name: str, position: int, value):
     """``value`` where the Python binding of a ``Tensor[]`` argument takes it (a list or tuple),
     else the binding's TypeError (``torch._foreach_copy_`` raises it for a tensor, a generator,
@@ -210,9 +215,8 @@ def all_gather_copy_in(
         RuntimeError / IndexError: as stock ``narrow`` / ``split`` / ``_foreach_copy_``.
     """
     # Tuples become lists; anything else reaches the op as it is, which raises as stock's does.
-    as_list = lambda v: list(v) if type(v) is tuple else v  # noqa: E731
     return torch.ops.npu_dispatch.all_gather_copy_in.default(
-        as_list(all_gather_inputs), all_gather_output, as_list(inp_split_sizes), all_gather_input_numel, rank)
+        _as_list(all_gather_inputs), all_gather_output, _as_list(inp_split_sizes), all_gather_input_numel, rank)
 
 
 def split_with_sizes_copy(
@@ -247,9 +251,8 @@ def split_with_sizes_copy(
     if (module is not None and not torch.compiler.is_compiling()
             and module.split_with_sizes_copy_direct(all_gather_output, all_gather_input_split_sizes, dim, out)):
         return
-    as_list = lambda v: list(v) if type(v) is tuple else v  # noqa: E731
-    torch.ops.npu_dispatch.split_with_sizes_copy.default(all_gather_output, as_list(all_gather_input_split_sizes),
-                                                         dim, out=as_list(out))
+    torch.ops.npu_dispatch.split_with_sizes_copy.default(all_gather_output, _as_list(all_gather_input_split_sizes),
+                                                         dim, out=_as_list(out))
 
 
 def chunk_cat(tensors: Sequence[torch.Tensor], dim: int, num_chunks: int, *, out: torch.Tensor) -> None:
@@ -260,11 +263,11 @@ def chunk_cat(tensors: Sequence[torch.Tensor], dim: int, num_chunks: int, *, out
     ``[world_size, -1]`` reduce-scatter input).
 
     Served on the CPU (one kernel pass with the cast and the padding inside; on other devices the
-    device's own op, one call, keeps it) where every tensor is contiguous, ``out`` is
-    contiguous of exactly the result's shape, the cast keeps one dtype or widens (bf16 / fp16 ->
-    fp32: stock's cat narrows with other NaN bits than copy_) and nothing overlaps; everything else is stock's
-    ``torch._chunk_cat``, with its errors, resize warning and writes. ``out``'s version counter moves
-    once, as stock's.
+    device's own op, one call, keeps it) where every tensor is contiguous, ``out`` is contiguous of
+    exactly the result's shape, the cast keeps one dtype or widens (bf16 / fp16 -> fp32: stock's
+    cat narrows with other NaN bits than copy_) and ``out`` overlaps no input (inputs may overlap
+    each other); everything else is stock's ``torch._chunk_cat``, with its errors, resize warning
+    and writes. ``out``'s version counter moves once, as stock's.
 
     Args:
         tensors: non-empty tensors of one dtype and device; sizes before ``dim`` equal.
@@ -278,5 +281,4 @@ def chunk_cat(tensors: Sequence[torch.Tensor], dim: int, num_chunks: int, *, out
     module = _native.module()
     if module is not None and not torch.compiler.is_compiling() and module.chunk_cat_direct(tensors, dim, num_chunks, out):
         return
-    as_list = lambda v: list(v) if type(v) is tuple else v  # noqa: E731
-    torch.ops.npu_dispatch.chunk_cat.default(as_list(tensors), dim, num_chunks, out=out)
+    torch.ops.npu_dispatch.chunk_cat.default(_as_list(tensors), dim, num_chunks, out=out)
