@@ -241,7 +241,7 @@ def _bad_chunk_cat_cases():
         "leading_dims_differ": ([torch.ones(2, 4), torch.ones(3, 4)], 1, 2, ok_out),
         "dim_out_of_range": ([torch.ones(4)], 2, 2, ok_out),
         "float_into_an_int_out": ([torch.ones(4)], 0, 2, lambda: torch.zeros(2, 2, dtype=torch.int64)),
-        "negative_dim_over_mixed_ndims": ([torch.ones(4, 3), torch.ones(4)], -1, 2, ok_out),
+        "negative_dim_over_mixed_ndims": ([torch.ones(4, 3), torch.ones(4, 3, 2)], -1, 2, lambda: torch.zeros(4, 2, 6)),
         "out_aliases_an_input": None,  # built below: out is a view of the input
     }
 
