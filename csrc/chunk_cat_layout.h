@@ -7,14 +7,17 @@
 #include <cstdint>
 #include <vector>
 
+#include "cpu_convert.h"  // ChunkCatPass
+
 namespace npu_dispatch {
 
-// One input of the layout: contiguous [pre, rows, post] at `data`; its region of each out row
-// starts at element `offset` and is chunk * post elements (the chunk's rows that exist, then
+// One input of the layout: contiguous [pre, rows, post] at `data`, counted in elements of one
+// [rows, post] slice (rows * post) and of one chunk of it (chunk * post); its region of each out
+// row starts at element `offset` and is chunk_numel elements (the chunk's rows that exist, then
 // zeros).
 struct ChunkSource {
   const char* data;
-  int64_t rows, chunk, post, offset;
+  int64_t slice_numel, chunk_numel, offset;
 };
 
 struct ChunkCatLayout {
@@ -24,9 +27,26 @@ struct ChunkCatLayout {
   std::vector<ChunkSource> sources;  // offsets strictly increasing, every region non-empty
 };
 
-// Writes out as stock's _chunk_cat writes it: the same bits where the dtype pair is one the CPU
-// kernel reproduces in any split (a byte copy, or a widening cast it called mergeable); false,
-// nothing written, otherwise. *pairs: the pieces with data (pre * sum of ceil(rows / chunk)).
-bool run_chunk_cat(const ChunkCatLayout& layout, int64_t* pairs);
+// The kernel that writes a layout's out as stock's _chunk_cat writes it: a byte copy, or the
+// conversion variant's widening instance of the pass (chunk_cat_kernel.h), with streaming stores
+// where the bytes moved go past the cache. Any thread may write any split of out.
+class ChunkCatKernel {
+ public:
+  // False where the CPU pass does not reproduce the pair's bits in every split: it writes only a
+  // byte copy and a widening cast the conversion table calls mergeable (stock's cat rounds a
+  // narrowing one).
+  bool init(c10::ScalarType in_dtype, c10::ScalarType out_dtype);
+  // Whether a pass moving this many bytes (read plus written) streams its stores.
+  bool streams(int64_t moved_bytes) const;
+  // out's elements [lo, hi); fenced when streamed.
+  void write(const ChunkCatLayout& layout, int64_t lo, int64_t hi, bool stream) const;
+  // One pass of `pairs` pieces with data, in the kernel's counters.
+  static void count(int64_t pairs, int64_t out_bytes, bool stream);
+
+ private:
+  ChunkCatPass widen_ = nullptr, widen_stream_ = nullptr;  // none for a byte copy
+  int64_t oes_ = 0;
+  bool cast_ = false;
+};
 
 }  // namespace npu_dispatch

@@ -7,6 +7,7 @@
 #include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "chunk_cat_kernel.h"
 #include "cpu_convert.h"
@@ -43,10 +44,50 @@ void from_float(const float* src, uint16_t* dst_bits, int64_t n) {
   }
 }
 
+#if defined(CPU_CAPABILITY_AVX512)
+// 16 elements of R widened by ATen's own AVX-512 conversion (the one Vectorized<R>'s
+// convert_to_float applies to each half of a vector): the same bits.
+template <typename R>
+C10_ALWAYS_INLINE __m512 widen16(__m256i v) {
+  __m512 o;
+  if constexpr (std::is_same_v<R, c10::BFloat16>) {
+    at::vec::cvtbf16_fp32(v, o);
+  } else {
+    at::vec::cvtfp16_fp32(v, o);
+  }
+  return o;
+}
+
+// to_float for a run of at least one vector, its stores on dst's 64-byte lines: the first
+// vector at dst, then whole lines from the first line boundary, then the last vector once more
+// (elements already written get the same bits). A store across two lines costs about two, and
+// most of a short run's stores cross one where dst is not on a line (chunk_cat's runs, views of a
+// flat buffer): docs/notes/profile.md, "Stores on cache lines". Masked loads were measured slower
+// there; the shorter runs stay on to_float's general loop.
+template <typename R>
+C10_ALWAYS_INLINE bool to_float_lines(const uint16_t* src, float* dst, int64_t n) {
+  constexpr int64_t kLane = 16;  // floats in a vector and in a line
+  const uintptr_t d = reinterpret_cast<uintptr_t>(dst);
+  if (n < kLane || d % sizeof(float) != 0) return false;
+  const auto at = [src](int64_t i) {
+    return widen16<R>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
+  };
+  _mm512_storeu_ps(dst, at(0));
+  const auto head = static_cast<int64_t>((kLane - (d / sizeof(float)) % kLane) % kLane);
+  int64_t i = head == 0 ? kLane : head;
+  for (; i + kLane <= n; i += kLane) _mm512_store_ps(dst + i, at(i));
+  if (i < n) _mm512_storeu_ps(dst + n - kLane, at(n - kLane));
+  return true;
+}
+#endif
+
 // Always inlined where it is called (chunk_cat's pass calls it once per chunk of each gradient);
 // its address is still taken for the fns() table.
 template <typename R>
 C10_ALWAYS_INLINE void to_float(const uint16_t* src_bits, float* dst, int64_t n) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if (to_float_lines<R>(src_bits, dst, n)) return;
+#endif
   using fVec = Vectorized<float>;
   using rVec = Vectorized<R>;
   const R* src = reinterpret_cast<const R*>(src_bits);

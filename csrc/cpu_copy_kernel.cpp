@@ -401,10 +401,15 @@ bool matches_stock(CopyOp op, const Config& trial) {
       srcs.push_back(t.view(sdt));
     }
   }
+  // Each destination starts at another element of a 64-byte line (a variant may store whole
+  // lines from the first boundary on): offsets cycle through every position as the sources go.
+  const int64_t line = 64 / static_cast<int64_t>(c10::elementSize(ddt));
+  int64_t k = 0;
   for (const auto& s : srcs) {
     auto want = at::empty(s.sizes(), opts.dtype(ddt));
     want.copy_(s);
-    auto got = at::empty(s.sizes(), opts.dtype(ddt));
+    const int64_t off = (k++ * 7) % line;
+    auto got = at::empty({s.numel() + off}, opts.dtype(ddt)).narrow(0, off, s.numel());
     CpuCopyBatch batch(&trial);
     if (!batch.add_pair(got, s)) return false;
     batch.run();

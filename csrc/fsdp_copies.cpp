@@ -1,6 +1,6 @@
 // FSDP2's all-gather copy-out and reduce-scatter copy-in (fsdp_copies.h): the checks stock's ops
-// make, then the copy-out as contiguous 1-D pieces (one CPU kernel pass, or the one planner as a
-// _foreach_copy_ of piece views on a device) and chunk_cat as one pass of chunk_cat_kernel.h;
+// make, then the copy-out as contiguous 1-D pieces (one CPU kernel pass, copy_out_kernel.h, or the
+// one planner as a _foreach_copy_ of piece views on a device) and chunk_cat as one pass of chunk_cat_kernel.h;
 // anything else is stock's op whole.
 #include "fsdp_copies.h"
 
@@ -9,14 +9,21 @@
 #include <ATen/record_function.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include <ATen/Parallel.h>
+#include <c10/core/impl/COW.h>
+
 #include <algorithm>
+#include <atomic>
+#include <thread>
 
 #include "capability_table.h"
 #include "chunk_cat_kernel.h"
 #include "copy_call.h"
+#include "copy_out_kernel.h"
 #include "cpu_copy_kernel.h"
 #include "execute.h"
 #include "plan.h"
+#include "tuning.h"
 
 namespace npu_dispatch {
 namespace {
@@ -49,7 +56,7 @@ Span span_of(const at::Tensor& t) {
 // One contiguous piece of the copy-out: `n` elements from src to dst (element offsets into the
 // tensors' data; one dtype).
 struct Piece {
-  int64_t dst_tensor, src_tensor;
+  int64_t dst_tensor;
   int64_t dst_off, src_off, n;
 };
 
@@ -73,94 +80,46 @@ int64_t total_bytes(at::TensorList ts) {
 
 namespace {
 
-class PieceCopy {
- public:
-  PieceCopy(at::TensorList dsts, at::TensorList srcs, std::vector<Piece> pieces)
-      : dsts_(dsts), srcs_(srcs), pieces_(std::move(pieces)) {}
-
-  // The CPU kernel's pass over every piece (byte copies, adjacent pieces merged); false (nothing
-  // written) where the dtype is not one it copies as bytes.
-  bool cpu(std::vector<int64_t>* v) {
-    CpuCopyBatch batch;
-    CopyOp op = CopyOp::Memcpy;
-    bool mergeable = true;
-    if (!batch.route(srcs_[0].scalar_type(), dsts_[0].scalar_type(), &op, &mergeable) || op != CopyOp::Memcpy) {
-      return false;
-    }
-    const int64_t esize = static_cast<int64_t>(dsts_[0].element_size());
-    std::vector<char*> ds;
-    std::vector<const char*> ss;
-    ds.reserve(dsts_.size());
-    ss.reserve(srcs_.size());
-    for (const auto& d : dsts_) ds.push_back(static_cast<char*>(d.data_ptr()));
-    for (const auto& s : srcs_) ss.push_back(static_cast<const char*>(s.const_data_ptr()));
-    batch.reserve(pieces_.size());
-    int64_t bytes = 0;
-    const char* prev_src_end = nullptr;
-    char* prev_dst_end = nullptr;
-    for (const auto& p : pieces_) {
-      char* dp = ds[p.dst_tensor] + p.dst_off * esize;
-      const char* sp = ss[p.src_tensor] + p.src_off * esize;
-      const int64_t nb = p.n * esize;
-      batch.add_contiguous(dp, sp, nb, op, dp == prev_dst_end && sp == prev_src_end);
-      prev_dst_end = dp + nb;
-      prev_src_end = sp + nb;
-      bytes += nb;
-    }
-    {
-      RECORD_FUNCTION("npu_dispatch::cpu_kernel", std::vector<c10::IValue>());
-      batch.run();
-    }
-    v->assign(kCountsLen, 0);
-    (*v)[0] = kExecuted | kBumped;
-    (*v)[path_slot(kForeach, 0)] = static_cast<int64_t>(pieces_.size());
-    (*v)[path_slot(kForeach, 1)] = bytes;
-    (*v)[path_slot(kForeach, 2)] = 1;
-    return true;
+// A device's copy-out: the pieces as one _foreach_copy_ of 1-D views through the planner (its
+// groups, stages and the device's batched kernel). Under `strict`, a plan with any pair off the
+// fast path writes nothing (nullopt).
+std::optional<std::vector<int64_t>> device_pieces(at::TensorList dsts, const at::Tensor& src,
+                                                  const std::vector<Piece>& pieces, bool strict, Kind* why) {
+  at::AutoDispatchBelowADInplaceOrView below;  // internal views move no counter
+  std::vector<at::Tensor> d, s;
+  d.reserve(pieces.size());
+  s.reserve(pieces.size());
+  for (const auto& p : pieces) {
+    const auto& dt = dsts[p.dst_tensor];
+    d.push_back(dt.as_strided({p.n}, {1}, dt.storage_offset() + p.dst_off));
+    s.push_back(src.as_strided({p.n}, {1}, src.storage_offset() + p.src_off));
   }
-
-  // A device: the pieces as one _foreach_copy_ of 1-D views through the planner (its groups,
-  // stages and the device's batched kernel). Under `strict`, a plan with any pair off the fast
-  // path writes nothing (nullopt).
-  std::optional<std::vector<int64_t>> device(bool strict, Kind* why) {
-    at::AutoDispatchBelowADInplaceOrView below;  // internal views move no counter
-    std::vector<at::Tensor> d, s;
-    d.reserve(pieces_.size());
-    s.reserve(pieces_.size());
-    for (const auto& p : pieces_) {
-      const auto& dt = dsts_[p.dst_tensor];
-      const auto& st = srcs_[p.src_tensor];
-      d.push_back(dt.as_strided({p.n}, {1}, dt.storage_offset() + p.dst_off));
-      s.push_back(st.as_strided({p.n}, {1}, st.storage_offset() + p.src_off));
+  if (strict) {
+    const Plan plan = build_plan(d, s, *current_capabilities());
+    if (plan.stock != Kind::None || !plan.fallback.empty()) {
+      *why = plan.stock != Kind::None ? plan.stock : plan.fallback.front().kind;
+      return std::nullopt;
     }
-    if (strict) {
-      const Plan plan = build_plan(d, s, *current_capabilities());
-      if (plan.stock != Kind::None || !plan.fallback.empty()) {
-        *why = plan.stock != Kind::None ? plan.stock : plan.fallback.front().kind;
-        return std::nullopt;
-      }
-    }
-    auto v = plan_and_run(d, s, false, false, /*bump=*/false);
-    v[0] = kExecuted | kBumped;
-    return v;
   }
+  auto v = plan_and_run(d, s, false, false, /*bump=*/false);
+  v[0] = kExecuted | kBumped;
+  return v;
+}
 
- private:
-  at::TensorList dsts_, srcs_;
-  std::vector<Piece> pieces_;
-};
-
-// The CPU kernel where the device's capability is a host pass, else the planner; no capability,
-// or a whole_list_only device (CUDA has stock kernels of its own): nullopt.
-std::optional<std::vector<int64_t>> run_pieces(at::TensorList dsts, at::TensorList srcs, std::vector<Piece> pieces,
-                                               c10::Device device, bool strict, Kind* why) {
-  if (pieces.empty()) {
-    std::vector<int64_t> v(kCountsLen, 0);
-    v[0] = kExecuted | kBumped;
-    return v;
-  }
+// The copy-out of checked arguments (src [outer, total, inner], out[i] [outer, sizes[i], inner],
+// all contiguous): the CPU kernel's pass (copy_out_kernel.h) where the device's capability is a
+// host pass, else the planner; no capability, or a whole_list_only device (CUDA has stock kernels
+// of its own): nullopt.
+std::optional<std::vector<int64_t>> copy_out(const at::Tensor& src, c10::IntArrayRef sizes, at::TensorList out,
+                                             int64_t outer, int64_t total, int64_t inner, bool strict, Kind* why) {
+  const auto n = static_cast<int64_t>(out.size());
+  int64_t nonempty = 0;
+  for (const int64_t s : sizes) nonempty += s * inner > 0;
+  std::vector<int64_t> v(kCountsLen, 0);
+  v[0] = kExecuted | kBumped;
+  if (src.numel() == 0 || nonempty == 0) return v;
   const auto caps = current_capabilities();
-  const Capability* cap = caps->get(device.type());
+  const Capability* cap = caps->get(src.device().type());
   if (cap == nullptr) {
     *why = Kind::NoCapability;
     return std::nullopt;
@@ -169,14 +128,44 @@ std::optional<std::vector<int64_t>> run_pieces(at::TensorList dsts, at::TensorLi
     *why = Kind::WholeListRoute;
     return std::nullopt;
   }
-  PieceCopy copy(dsts, srcs, std::move(pieces));
+  const int64_t pairs = outer * nonempty;
   if (cap->host_pass) {
-    std::vector<int64_t> v;
-    if (copy.cpu(&v)) return v;
-    *why = Kind::Dtype;
-    return std::nullopt;
+    CpuCopyBatch batch;
+    CopyOp op = CopyOp::Memcpy;
+    bool mergeable = true;
+    if (!batch.route(src.scalar_type(), src.scalar_type(), &op, &mergeable) || op != CopyOp::Memcpy) {
+      *why = Kind::Dtype;
+      return std::nullopt;
+    }
+    const int64_t esize = static_cast<int64_t>(src.element_size());
+    CopyOutLayout layout;
+    layout.src = static_cast<const char*>(src.const_data_ptr());
+    layout.rows = outer;
+    layout.pieces.reserve(nonempty);
+    for (int64_t i = 0; i < n; ++i) {
+      if (sizes[i] * inner > 0) layout.add(static_cast<char*>(out[i].data_ptr()), sizes[i] * inner * esize);
+    }
+    {
+      RECORD_FUNCTION("npu_dispatch::cpu_kernel", std::vector<c10::IValue>());
+      copy_out_pass(layout);
+    }
+    v[path_slot(kForeach, 0)] = pairs;
+    v[path_slot(kForeach, 1)] = outer * layout.row_bytes;
+    v[path_slot(kForeach, 2)] = 1;
+    return v;
   }
-  return copy.device(strict, why);
+  std::vector<Piece> pieces;
+  pieces.reserve(pairs);
+  for (int64_t o = 0; o < outer; ++o) {
+    int64_t off = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (sizes[i] * inner > 0) {
+        pieces.push_back({i, o * sizes[i] * inner, (o * total + off) * inner, sizes[i] * inner});
+      }
+      off += sizes[i];
+    }
+  }
+  return device_pieces(out, src, pieces, strict, why);
 }
 
 // Stock raises for an out= argument that requires grad (and records NotImplemented for a
@@ -248,133 +237,246 @@ std::optional<std::vector<int64_t>> split_with_sizes_copy(const at::Tensor& src,
     *why = Kind::NotDense;
     return std::nullopt;
   }
-  std::vector<Piece> pieces;
-  if (src.numel() > 0) pieces.reserve(outer * n);
-  for (int64_t o = 0; o < outer && src.numel() > 0; ++o) {
-    int64_t off = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      if (sizes[i] * inner > 0) {
-        pieces.push_back({i, 0, o * sizes[i] * inner, (o * total + off) * inner, sizes[i] * inner});
-      }
-      off += sizes[i];
-    }
-  }
-  auto counts = run_pieces(out, {src}, std::move(pieces), src.device(), strict, why);
+  auto counts = copy_out(src, sizes, out, outer, total, inner, strict, why);
   if (counts && bump) {
     for (const auto& o : out) o.unsafeGetTensorImpl()->bump_version();
   }
   return counts;
 }
 
+namespace {
+
+// What chunk_cat's checks need of every input: the same for the whole list.
+struct ChunkCheck {
+  caffe2::TypeMeta meta;  // t0's dtype: every input's
+  int64_t elem;
+  c10::Device device;
+  bool on_cpu, grad_mode, pow2;
+  int shift;  // log2(num_chunks) where pow2
+  int64_t dim, wrapped, nd0, num_chunks, pre;
+  c10::IntArrayRef lead;  // t0's sizes before dim: every input's
+  Span out_span;
+  c10::DispatchKeySet refused_keys;
+};
+
+// The checks of a run of inputs and what they found.
+struct ChunkScan {
+  bool refused = false;  // a tensor stock may raise on or this pass does not take: the call is stock's
+  bool grad = false, contiguous = true, aliased = false;
+  int64_t width = 0, in_numel = 0, pairs = 0;
+
+  void add(const ChunkScan& o) {
+    refused = refused || o.refused;
+    grad = grad || o.grad;
+    contiguous = contiguous && o.contiguous;
+    aliased = aliased || o.aliased;
+    width += o.width, in_numel += o.in_numel, pairs += o.pairs;
+  }
+};
+
+// Stock's preconditions and the layout of inputs [k0, k1): their sources, at offsets counted from
+// the first of them. Each tensor's fields are read from its TensorImpl directly, without the
+// accessors' policy checks and virtual has_storage (their cost on a long list:
+// docs/notes/profile.md, "chunk_cat's pass"); plain()'s dtype and meta tests are the list's (t0's
+// dtype, out's device). Stops at the first tensor refused; never throws (it may run on a worker
+// that another thread waits for).
+ChunkScan scan_chunks(at::TensorList tensors, int64_t k0, int64_t k1, const ChunkCheck& c, ChunkSource* sources) {
+  ChunkScan s;
+  try {
+    for (int64_t k = k0; k < k1; ++k) {
+      const auto& t = tensors[k];
+      const c10::TensorImpl* ti = t.unsafeGetTensorImpl();
+      if (!t.defined() || ti->key_set().has_any(c.refused_keys) || t.layout() != at::kStrided ||
+          !has_version_counter(t) || ti->dtype() != c.meta || ti->numel() == 0 ||
+          ti->device_type() != c.device.type() || (!c.on_cpu && t.device() != c.device) || !ti->unsafe_storage()) {
+        s.refused = true;
+        return s;
+      }
+      // A negative dim needs every tensor of t0's ndim (stock wraps it by that), a non-negative one
+      // fewer dims than each.
+      const auto sizes = ti->sizes();
+      const auto nd = static_cast<int64_t>(sizes.size());
+      bool same_lead = c.dim < 0 ? nd == c.nd0 : c.wrapped < nd;
+      for (int64_t d = 0; same_lead && d < c.wrapped; ++d) same_lead = sizes[d] == c.lead[d];
+      if (!same_lead) {
+        s.refused = true;
+        return s;
+      }
+      const int64_t rows = sizes[c.wrapped];
+      int64_t post = 1;
+      for (int64_t d = c.wrapped + 1; d < nd; ++d) post *= sizes[d];
+      const int64_t chunk =
+          c.pow2 ? (rows + c.num_chunks - 1) >> c.shift : (rows + c.num_chunks - 1) / c.num_chunks;
+      s.grad = s.grad || (c.grad_mode && ti->autograd_meta() != nullptr && t.requires_grad());  // no call for most
+      s.contiguous = s.contiguous && ti->is_contiguous();
+      const auto start = reinterpret_cast<int64_t>(ti->unsafe_storage().data()) + ti->storage_offset() * c.elem;
+      const int64_t end = start + ti->numel() * c.elem;
+      s.aliased = s.aliased || (start < c.out_span.end && c.out_span.start < end);
+      sources[k] = {reinterpret_cast<const char*>(start), rows * post, chunk * post, s.width};
+      s.width += chunk * post;
+      s.in_numel += c.pre * rows * post;
+      // ceil(rows / chunk) chunks hold data: all of them unless the last are only padding (a
+      // division only then).
+      s.pairs += c.pre * (rows > (c.num_chunks - 1) * chunk ? c.num_chunks : (rows + chunk - 1) / chunk);
+    }
+  } catch (...) {  // a tensor whose sizes cannot be read plainly (symbolic): stock's
+    s.refused = true;
+  }
+  return s;
+}
+
+// Why the call stays stock's, in the order stock's op meets the reasons, or nullopt where the pass
+// writes it. `cast_ok`: one dtype or a widening float cast; `late`: the refusals that come after
+// every tensor's (the device's capability, the kernel's dtype pair).
+std::optional<Kind> chunk_refusal(const ChunkScan& s, const at::Tensor& out, const ChunkCheck& c, bool cast_ok,
+                                  std::optional<Kind> late) {
+  if (s.refused) return Kind::MayRaise;
+  const auto os = out.sizes();
+  const auto nl = static_cast<int64_t>(c.lead.size());
+  bool shape = static_cast<int64_t>(os.size()) == nl + 2 && os[nl] == c.num_chunks && os[nl + 1] == s.width;
+  for (int64_t d = 0; shape && d < nl; ++d) shape = os[d] == c.lead[d];
+  if (!shape) return Kind::MayRaise;
+  if (s.aliased) return Kind::Aliasing;
+  if (!cast_ok) return Kind::Dtype;
+  // Stock raises for an out= argument that requires grad (and records NotImplemented for a
+  // non-leaf): such calls are stock's.
+  if (s.grad) return Kind::Subclass;
+  if (!s.contiguous) return Kind::NotDense;
+  return late;
+}
+
+// Until another thread has set `flag` (release): a spin, then yields.
+void wait_for(const std::atomic<int>& flag) {
+  for (int spins = 0; flag.load(std::memory_order_acquire) == 0; ++spins) {
+    if (spins >= 4096) std::this_thread::yield();
+  }
+}
+
+}  // namespace
+
 std::optional<std::vector<int64_t>> chunk_cat(at::TensorList tensors, int64_t dim, int64_t num_chunks,
-                                              const at::Tensor& out, bool strict, bool bump, Kind* why) {
+                                              const at::Tensor& out, bool strict, bool bump, bool split_checks,
+                                              Kind* why) {
   RECORD_FUNCTION("npu_dispatch::chunk_cat", std::vector<c10::IValue>());
   (void)strict;  // every call served is one kernel pass: nothing for strict to refuse
   const auto n = static_cast<int64_t>(tensors.size());
   *why = Kind::MayRaise;
   // num_chunks bounded so that (size + num_chunks - 1) cannot overflow.
   if (n == 0 || num_chunks < 1 || num_chunks > (int64_t{1} << 40) || !plain(out)) return std::nullopt;
-  // Stock's preconditions and the layout, in one pass over the tensors; the reasons after them
-  // are decided in order below. A negative dim needs every tensor of t0's ndim (stock wraps it by
-  // that), a non-negative one fewer dims than each.
   const auto& t0 = tensors[0];
   const auto in_dt = t0.scalar_type(), out_dt = out.scalar_type();
-  const auto device = out.device();
   const int64_t nd0 = t0.dim();
-  if (nd0 == 0 || dim < -nd0) return std::nullopt;
+  // A dim past t0's dims: stock raises for t0 (and lead below holds only t0's nd0 sizes).
+  if (nd0 == 0 || dim < -nd0 || dim >= nd0 || !copy_dtype(in_dt)) return std::nullopt;
   const int64_t wrapped = dim < 0 ? dim + nd0 : dim;
-  const auto lead = t0.sizes().slice(0, std::min(wrapped, nd0));
-  // out's mutable pointer only once nothing refuses the call (it materializes a copy-on-write
-  // out, which stock leaves as it is where it raises).
-  ChunkCatLayout layout{nullptr, 1, num_chunks, 0, in_dt, out_dt, {}};
-  for (const int64_t s : lead) layout.pre *= s;
-  layout.sources.reserve(n);
-  const bool grad_mode = c10::GradMode::is_enabled();
-  bool grad = grad_mode && out.requires_grad(), contiguous = out.is_contiguous();
-  // Only out is written: an input may alias another (both read), not out (cat_out raises).
-  const Span out_span = span_of(out);
-  bool aliased = false;
-  // chunk = ceil(rows / num_chunks): a shift where num_chunks is a power of two (FSDP2's world
-  // sizes usually are), else a division.
-  const bool pow2 = (num_chunks & (num_chunks - 1)) == 0;
-  const int shift = pow2 ? __builtin_ctzll(static_cast<unsigned long long>(num_chunks)) : 0;
-  // Every input has t0's dtype and out's device, so plain()'s dtype and meta tests are made once
-  // (t0's dtype here, out's device by plain(out)); each tensor's fields are read from its
-  // TensorImpl directly, without the accessors' policy checks and virtual has_storage (their cost
-  // on a long list: docs/notes/profile.md, "chunk_cat's pass").
-  if (!copy_dtype(in_dt)) return std::nullopt;
-  const caffe2::TypeMeta in_meta = t0.dtype();
-  const auto elem = static_cast<int64_t>(in_meta.itemsize());
-  const bool on_cpu = device.is_cpu();
-  for (const auto& t : tensors) {
-    const c10::TensorImpl* ti = t.unsafeGetTensorImpl();
-    if (is_subclass(t) || t.layout() != at::kStrided || t.is_conj() || t.is_neg() || !has_version_counter(t) ||
-        ti->dtype() != in_meta || ti->numel() == 0 || ti->device_type() != device.type() ||
-        (!on_cpu && t.device() != device) || !ti->unsafe_storage()) {
-      return std::nullopt;
-    }
-    const auto sizes = ti->sizes();
-    const auto nd = static_cast<int64_t>(sizes.size());
-    if (dim < 0 ? nd != nd0 : wrapped >= nd) return std::nullopt;
-    for (int64_t k = 0; k < wrapped; ++k) {
-      if (sizes[k] != lead[k]) return std::nullopt;
-    }
-    const int64_t rows = sizes[wrapped];
-    int64_t post = 1;
-    for (int64_t k = wrapped + 1; k < nd; ++k) post *= sizes[k];
-    const int64_t chunk = pow2 ? (rows + num_chunks - 1) >> shift : (rows + num_chunks - 1) / num_chunks;
-    grad = grad || (grad_mode && t.requires_grad());
-    contiguous = contiguous && ti->is_contiguous();
-    const auto start = reinterpret_cast<int64_t>(ti->unsafe_storage().data()) + ti->storage_offset() * elem;
-    const int64_t end = start + ti->numel() * elem;
-    aliased = aliased || (start < out_span.end && out_span.start < end);
-    layout.sources.push_back({reinterpret_cast<const char*>(start), rows, chunk, post, layout.width});
-    layout.width += chunk * post;
-  }
-  std::vector<int64_t> want(lead.begin(), lead.end());
-  want.push_back(num_chunks);
-  want.push_back(layout.width);
-  if (out.sizes() != c10::IntArrayRef(want)) return std::nullopt;
-  if (aliased) {
-    *why = Kind::Aliasing;
-    return std::nullopt;
-  }
+  const bool pow2 = (num_chunks & (num_chunks - 1)) == 0;  // FSDP2's world sizes usually are
+  ChunkCheck c{t0.dtype(),
+               static_cast<int64_t>(t0.dtype().itemsize()),
+               out.device(),
+               out.device().is_cpu(),
+               c10::GradMode::is_enabled(),
+               pow2,
+               pow2 ? __builtin_ctzll(static_cast<unsigned long long>(num_chunks)) : 0,
+               dim,
+               wrapped,
+               nd0,
+               num_chunks,
+               1,
+               t0.sizes().slice(0, wrapped),
+               span_of(out),  // only out is written: inputs may overlap each other, not out
+               subclass_or_lazy_keys()};
+  for (const int64_t s : c.lead) c.pre *= s;
   // One dtype, or a widening float cast: any other cast is cat_out's to check (it refuses what
   // cannot be cast) and to round (its NaN bits are not copy_'s).
-  if (in_dt != out_dt && !(at::isFloatingType(in_dt) && at::isFloatingType(out_dt) &&
-                           c10::elementSize(out_dt) > c10::elementSize(in_dt))) {
-    *why = Kind::Dtype;
-    return std::nullopt;
-  }
-  // Stock raises for an out= argument that requires grad (and records NotImplemented for a
-  // non-leaf): such calls are stock's.
-  if (grad) {
-    *why = Kind::Subclass;
-    return std::nullopt;
-  }
-  if (!contiguous) {
-    *why = Kind::NotDense;
-    return std::nullopt;
-  }
+  const bool cast_ok = in_dt == out_dt || (at::isFloatingType(in_dt) && at::isFloatingType(out_dt) &&
+                                           c10::elementSize(out_dt) > c10::elementSize(in_dt));
   // The CPU kernel where the device's capability is a host pass. Elsewhere the device's own op is
   // one call (a zero fill, the pad copies and one cat under stock); its pieces through the planner
   // would issue more launches than that. A whole_list_only device (CUDA) has a kernel of its own.
+  std::optional<Kind> late;
   const auto caps = current_capabilities();
-  const Capability* cap = caps->get(device.type());
+  const Capability* cap = caps->get(c.device.type());
+  ChunkCatKernel kernel;
   if (cap == nullptr || cap->whole_list || !cap->host_pass) {
-    *why = cap != nullptr && cap->whole_list ? Kind::WholeListRoute : Kind::NoCapability;
+    late = cap != nullptr && cap->whole_list ? Kind::WholeListRoute : Kind::NoCapability;
+  } else if (!kernel.init(in_dt, out_dt)) {
+    late = Kind::Dtype;
+  }
+  ChunkScan scan;  // out's part of the findings
+  scan.grad = c.grad_mode && out.requires_grad();
+  scan.contiguous = out.is_contiguous();
+  ChunkCatLayout layout{nullptr, c.pre, num_chunks, 0, in_dt, out_dt, std::vector<ChunkSource>(n)};
+  ChunkSource* const sources = layout.sources.data();
+  const int64_t out_numel = out.numel();
+  const int64_t oes = static_cast<int64_t>(c10::elementSize(out_dt));
+  const c10::StorageImpl* out_storage = out.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+  std::optional<Kind> refusal;
+  bool stream = false;
+  // Two threads check half the inputs each, meet, and write half of out each: one fork for the
+  // checks and the pass (docs/notes/profile.md, "chunk_cat's checks on both threads"). Only for a
+  // call the pass is sure to take up to its checks' findings, and whose out is no copy-on-write
+  // one: its mutable pointer, which materializes such an out, is taken before the checks end.
+  if (split_checks && !late && out_numel * (c.elem + oes) > kSerialMovedBytes && at::get_num_threads() > 1 &&
+      !c10::impl::cow::is_cow_data_ptr(out_storage->data_ptr())) {
+    layout.out = static_cast<char*>(out.data_ptr());
+    const int64_t split = n / 2, mid = (out_numel + 1) / 2;
+    ChunkScan halves[2];
+    std::atomic<int> first_ready{0}, second_ready{0};
+    RECORD_FUNCTION("npu_dispatch::cpu_kernel", std::vector<c10::IValue>());
+    at::parallel_for(0, 2, 1, [&](int64_t lo, int64_t hi) {
+      const bool alone = hi - lo == 2;  // one thread in the region: both halves, one after the other
+      if (alone || lo == 0) {
+        halves[0] = scan_chunks(tensors, 0, split, c, sources);
+        first_ready.store(1, std::memory_order_release);
+      }
+      if (alone || lo == 1) {
+        halves[1] = scan_chunks(tensors, split, n, c, sources);
+        wait_for(first_ready);
+        for (int64_t k = split; k < n; ++k) sources[k].offset += halves[0].width;
+        layout.width = halves[0].width + halves[1].width;
+        second_ready.store(1, std::memory_order_release);
+      }
+      wait_for(second_ready);
+      ChunkScan all = scan;
+      all.add(halves[0]);
+      all.add(halves[1]);
+      const auto why_not = chunk_refusal(all, out, c, cast_ok, late);
+      const bool streamed = kernel.streams(all.in_numel * c.elem + out_numel * oes);
+      if (!why_not) kernel.write(layout, alone || lo == 0 ? 0 : mid, alone || lo == 1 ? out_numel : mid, streamed);
+      if (alone || lo == 0) {  // read only after the region: the other thread may still read `scan`
+        refusal = why_not;
+        stream = streamed;
+      }
+    });
+    scan.add(halves[0]);
+    scan.add(halves[1]);
+  } else {
+    scan.add(scan_chunks(tensors, 0, n, c, sources));
+    layout.width = scan.width;
+    refusal = chunk_refusal(scan, out, c, cast_ok, late);
+    if (!refusal) {
+      // out's mutable pointer only once nothing refuses the call (it materializes a copy-on-write
+      // out, which stock leaves as it is where it raises).
+      layout.out = static_cast<char*>(out.data_ptr());
+      stream = kernel.streams(scan.in_numel * c.elem + out_numel * oes);
+      RECORD_FUNCTION("npu_dispatch::cpu_kernel", std::vector<c10::IValue>());
+      if (scan.in_numel * c.elem + out_numel * oes <= kSerialMovedBytes) {
+        kernel.write(layout, 0, out_numel, stream);
+      } else {
+        at::parallel_for(0, out_numel, std::max<int64_t>(1, kCopyGrainBytes / oes),
+                         [&](int64_t lo, int64_t hi) { kernel.write(layout, lo, hi, stream); });
+      }
+    }
+  }
+  if (refusal) {
+    *why = *refusal;
     return std::nullopt;
   }
-  int64_t pairs = 0;
-  layout.out = static_cast<char*>(out.data_ptr());
-  if (!run_chunk_cat(layout, &pairs)) {
-    *why = Kind::Dtype;
-    return std::nullopt;
-  }
+  ChunkCatKernel::count(scan.pairs, out_numel * oes, stream);
   if (bump) out.unsafeGetTensorImpl()->bump_version();
   std::vector<int64_t> v(kCountsLen, 0);
   v[0] = kExecuted | kBumped;
-  v[path_slot(kForeach, 0)] = pairs;
+  v[path_slot(kForeach, 0)] = scan.pairs;
   v[path_slot(kForeach, 1)] = static_cast<int64_t>(out.nbytes());
   v[path_slot(kForeach, 2)] = 1;
   return v;

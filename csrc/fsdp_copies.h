@@ -35,8 +35,13 @@ std::optional<std::vector<int64_t>> split_with_sizes_copy(const at::Tensor& src,
 // with stock's preconditions met, out is contiguous of exactly the result's shape, the cast is one
 // the CPU kernel reproduces and out overlaps no input (inputs, only read, may overlap each other);
 // on a device without a host pass, nullopt (its own op is one call).
+// `split_checks`: whether a long list's checks may run on the pass's two threads, half the tensors
+// each. False where the caller has just written every TensorImpl (a dispatcher call takes a
+// reference to each): the second thread would fetch each one from this thread's cache, which costs
+// more than the checks it takes over (docs/notes/profile.md, "chunk_cat's checks on both threads").
 std::optional<std::vector<int64_t>> chunk_cat(at::TensorList tensors, int64_t dim, int64_t num_chunks,
-                                              const at::Tensor& out, bool strict, bool bump, Kind* why);
+                                              const at::Tensor& out, bool strict, bool bump, bool split_checks,
+                                              Kind* why);
 
 // The count vector of a call handed to stock whole, for `why`.
 std::vector<int64_t> stock_counts(Kind why, int64_t pairs, int64_t bytes);

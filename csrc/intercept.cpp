@@ -136,7 +136,7 @@ void fsdp_chunk_cat(c10::DispatchKeySet ks, at::TensorList tensors, int64_t dim,
   if (s->probe) return;
   const int64_t t0 = now_ns();
   Kind why = Kind::MayRaise;
-  auto counts = chunk_cat(tensors, dim, num_chunks, out, false, bumps_here(), &why);
+  auto counts = chunk_cat(tensors, dim, num_chunks, out, false, bumps_here(), /*split_checks=*/false, &why);
   if (!counts) {
     op.redispatch(ks & kAfterBackendSelect, tensors, dim, num_chunks, out);
     counts = stock_counts(why, std::max<int64_t>(static_cast<int64_t>(tensors.size()), 1), total_bytes({out}));

@@ -37,8 +37,18 @@ c10::DispatchKeySet wrapper_keys() {
 // copy_ would change their metadata too.
 }  // namespace
 
-bool is_subclass(const at::Tensor& t) {
-  return !t.defined() || t.key_set().has_any(wrapper_keys()) || t.is_nested();
+// is_subclass's keys: a wrapper's and a nested tensor's.
+c10::DispatchKeySet subclass_keys() {
+  static const c10::DispatchKeySet ks = wrapper_keys() | c10::DispatchKeySet(c10::DispatchKey::NestedTensor);
+  return ks;
+}
+
+bool is_subclass(const at::Tensor& t) { return !t.defined() || t.key_set().has_any(subclass_keys()); }
+
+c10::DispatchKeySet subclass_or_lazy_keys() {
+  static const c10::DispatchKeySet ks =
+      subclass_keys() | c10::DispatchKeySet({c10::DispatchKey::Conjugate, c10::DispatchKey::Negative});
+  return ks;
 }
 
 namespace {

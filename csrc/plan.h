@@ -96,6 +96,10 @@ void check_lists(at::TensorList dsts, at::TensorList srcs);
 // (functional, batched, zero, nested), or an undefined one: never addressed directly.
 bool is_subclass(const at::Tensor& t);
 
+// For a defined tensor, `is_subclass(t) || t.is_conj() || t.is_neg()` as one test of its keys:
+// whether they meet these (a long list's checks make it once a tensor, with no call).
+c10::DispatchKeySet subclass_or_lazy_keys();
+
 // Pairs whose version counter stock's own op leaves unmoved: on a device whose batched routes
 // keep versions (Capability::batched_keeps_versions), the pairs of each source-dtype group that
 // route takes, as op-plugin groups and routes a list. Empty when no pair is on such a device.

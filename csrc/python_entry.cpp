@@ -53,13 +53,14 @@ class PyRefs {
 };
 
 // `exact`: a subclass item is refused too (a direct entry leaves it to the dispatcher path, where
-// its __torch_function__ sees the call).
+// its __torch_function__ sees the call). `refs`: where the items' references are kept while the
+// GIL is dropped; nullptr for a call that holds the GIL throughout (no thread can free them).
 bool unpack(PyObject* seq, const char* name, PyRefs* refs, npu_dispatch::BorrowedTensors* out, bool exact = false) {
   PyObject* fast = PySequence_Fast(seq, "expected a list or tuple of Tensors");
   if (fast == nullptr) return false;
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
   PyObject** items = PySequence_Fast_ITEMS(fast);
-  refs->reserve(2 * n);
+  if (refs != nullptr) refs->reserve(2 * n);
   out->reserve(n);
   for (Py_ssize_t i = 0; i < n; ++i) {
     if (exact ? !THPVariable_CheckExact(items[i]) : !THPVariable_Check(items[i])) {
@@ -67,7 +68,7 @@ bool unpack(PyObject* seq, const char* name, PyRefs* refs, npu_dispatch::Borrowe
       Py_DECREF(fast);
       return false;
     }
-    refs->add(items[i]);
+    if (refs != nullptr) refs->add(items[i]);
     out->push_back(THPVariable_Unpack(items[i]));
   }
   Py_DECREF(fast);
@@ -128,6 +129,15 @@ bool unobserved() {
          torch::autograd::ForwardADLevel::try_get_by_idx(0) == nullptr &&
          !c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView) &&
          (c10::impl::tls_local_dispatch_key_set().included_ - usual).empty();
+}
+
+// Whether a direct entry's copy into (or out of, for the copy-out's all-gather output) `t` drops
+// the GIL: above kReleaseGilBytes, as foreach_copy_direct's lane decides; below it the pass is far
+// shorter than Python's switch interval and the list items need no references of their own. A
+// tensor of symbolic sizes (whose nbytes() throws) keeps it: the entry refuses such a call.
+bool drops_gil(const at::Tensor& t) {
+  const c10::TensorImpl* ti = t.unsafeGetTensorImpl();
+  return !ti->has_symbolic_sizes_strides() && static_cast<int64_t>(t.nbytes()) > npu_dispatch::kReleaseGilBytes;
 }
 
 // An exact list or tuple (FSDP2 passes torch.split's tuples): its items and length, no copy.
@@ -347,7 +357,10 @@ PyObject* chunk_cat(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs)
   const bool bump = bump_arg(args[5]);
   return to_tuple(serve_or_stock(
       strict, std::max<int64_t>(static_cast<int64_t>(tensors.size()), 1),
-      [&](npu_dispatch::Kind* why) { return npu_dispatch::chunk_cat(tensors, dim, num_chunks, out, strict, bump, why); },
+      [&](npu_dispatch::Kind* why) {
+        // The op's Python kernel: its list's tensors just wrapped for Python (fsdp_copies.h).
+        return npu_dispatch::chunk_cat(tensors, dim, num_chunks, out, strict, bump, /*split_checks=*/false, why);
+      },
       [&] {
         at::_chunk_cat_out(out, tensors, dim, num_chunks);
         if (bump && !npu_dispatch::bumps_here()) out.unsafeGetTensorImpl()->bump_version();
@@ -382,20 +395,23 @@ PyObject* split_with_sizes_copy_direct(PyObject* /*self*/, PyObject* const* args
       !seq_items(args[1], &items, &n)) {
     Py_RETURN_FALSE;
   }
+  const at::Tensor& src = THPVariable_Unpack(args[0]);
+  const bool release = drops_gil(src);
   PyRefs refs;
   npu_dispatch::BorrowedTensors out;
   std::vector<int64_t> sizes;
-  if (!int_list(args[1], "all_gather_input_split_sizes", &sizes) || !unpack(args[3], "out", &refs, &out, true)) {
+  if (!int_list(args[1], "all_gather_input_split_sizes", &sizes) ||
+      !unpack(args[3], "out", release ? &refs : nullptr, &out, true)) {
     PyErr_Clear();
     Py_RETURN_FALSE;
   }
-  const at::Tensor& src = THPVariable_Unpack(args[0]);
   if (!direct_ok({src}, out)) Py_RETURN_FALSE;
   const int64_t t0 = npu_dispatch::now_ns();
   npu_dispatch::Kind why;
   std::optional<std::vector<int64_t>> counts;
   {
-    pybind11::gil_scoped_release no_gil;
+    std::optional<pybind11::gil_scoped_release> no_gil;
+    if (release) no_gil.emplace();
     counts = npu_dispatch::split_with_sizes_copy(src, sizes, dim, out, false, true, &why);
   }
   if (!counts) Py_RETURN_FALSE;
@@ -416,19 +432,21 @@ PyObject* chunk_cat_direct(PyObject* /*self*/, PyObject* const* args, Py_ssize_t
     Py_RETURN_FALSE;
   }
   // An out or a tensor that requires grad is refused by chunk_cat itself.
+  const at::Tensor& out = THPVariable_Unpack(args[3]);
+  const bool release = drops_gil(out);
   PyRefs refs;
   npu_dispatch::BorrowedTensors tensors;
-  if (!unpack(args[0], "tensors", &refs, &tensors, true)) {
+  if (!unpack(args[0], "tensors", release ? &refs : nullptr, &tensors, true)) {
     PyErr_Clear();
     Py_RETURN_FALSE;
   }
-  const at::Tensor& out = THPVariable_Unpack(args[3]);
   const int64_t t0 = npu_dispatch::now_ns();
   npu_dispatch::Kind why;
   std::optional<std::vector<int64_t>> counts;
   {
-    pybind11::gil_scoped_release no_gil;
-    counts = npu_dispatch::chunk_cat(tensors, dim, num_chunks, out, false, true, &why);
+    std::optional<pybind11::gil_scoped_release> no_gil;
+    if (release) no_gil.emplace();
+    counts = npu_dispatch::chunk_cat(tensors, dim, num_chunks, out, false, true, /*split_checks=*/true, &why);
   }
   if (!counts) Py_RETURN_FALSE;
   npu_dispatch::record_call(npu_dispatch::kOpChunkCat, *counts, npu_dispatch::now_ns() - t0);

@@ -247,7 +247,9 @@ def split_with_sizes_copy(
         RuntimeError: as stock's ``split_with_sizes_copy`` (sizes that do not sum, a wrong dtype or
             device of ``out[i]``, a wrong number of outputs...).
     """
-    module = _native.module()
+    # The loaded module read directly, as foreach_copy_ reads its entry: these lines are the whole
+    # Python cost of a call the direct entry serves.
+    module = _native._module if _native._module is not None else _native.module()
     if (module is not None and not torch.compiler.is_compiling()
             and module.split_with_sizes_copy_direct(all_gather_output, all_gather_input_split_sizes, dim, out)):
         return
@@ -278,7 +280,7 @@ def chunk_cat(tensors: Sequence[torch.Tensor], dim: int, num_chunks: int, *, out
     Raises:
         RuntimeError: as stock's ``_chunk_cat`` ("_chunk_cat expects ..." messages).
     """
-    module = _native.module()
+    module = _native._module if _native._module is not None else _native.module()  # as above
     if module is not None and not torch.compiler.is_compiling() and module.chunk_cat_direct(tensors, dim, num_chunks, out):
         return
     torch.ops.npu_dispatch.chunk_cat.default(_as_list(tensors), dim, num_chunks, out=out)

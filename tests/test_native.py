@@ -169,6 +169,36 @@ def test_specials_at_every_position_of_every_length(sdt, ddt, adjacent):
             assert torch.equal(bits(a), bits(b)), f"length {n}, shift {shift}"
 
 
+@pytest.mark.parametrize("sdt", [bf16, f16])
+def test_widening_casts_into_every_position_of_a_cache_line(sdt):
+    """Each destination a view of one fp32 buffer starting at element offset 0..16 of a 64-byte
+    line, with a gap to the next (no coalescing): the AVX-512 widening stores whole lines from the
+    first line boundary on. Bits as stock's and nothing written outside the views."""
+    sentinel = torch.tensor([0x7FC12345], dtype=torch.int32).view(f32)
+    lengths = list(range(1, 81))
+    for shift in range(17):
+        srcs = [special_source(sdt, n, shift + n) for n in lengths]
+        want = [torch.empty(n, dtype=f32) for n in lengths]
+        torch._foreach_copy_(want, srcs)
+        # Views start at shift, then every (n + 5) elements: offsets mod 16 take every value.
+        starts, pos = [], shift
+        for n in lengths:
+            starts.append(pos)
+            pos += n + 5
+        buf = sentinel.repeat(pos + 16)
+        assert buf.data_ptr() % 64 == 0
+        got = [buf[a:a + n] for a, n in zip(starts, lengths)]
+        with nd.NpuFastCopyMode() as mode:
+            nd.foreach_copy_(got, srcs)
+        assert mode.stats.fast_path_calls == 1 and mode.stats.total_fallback_calls == 0, mode.stats.as_dict()
+        for n, a, b in zip(lengths, want, got):
+            assert torch.equal(bits(a), bits(b)), f"length {n}, first element at {shift}"
+        outside = torch.ones(buf.numel(), dtype=torch.bool)
+        for a, n in zip(starts, lengths):
+            outside[a:a + n] = False
+        assert torch.equal(bits(buf[outside]), bits(sentinel.expand(int(outside.sum())))), f"shift {shift}"
+
+
 @pytest.mark.parametrize("sdt", [f16, bf16])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_every_16_bit_pattern_long_and_short(sdt, threads):
