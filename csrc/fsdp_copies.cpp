@@ -53,13 +53,6 @@ Span span_of(const at::Tensor& t) {
   return {p, p + static_cast<int64_t>(t.numel() * t.element_size())};
 }
 
-// One contiguous piece of the copy-out: `n` elements from src to dst (element offsets into the
-// tensors' data; one dtype).
-struct Piece {
-  int64_t dst_tensor;
-  int64_t dst_off, src_off, n;
-};
-
 }  // namespace
 
 std::vector<int64_t> stock_counts(Kind kind, int64_t pairs, int64_t bytes) {
@@ -80,19 +73,27 @@ int64_t total_bytes(at::TensorList ts) {
 
 namespace {
 
-// A device's copy-out: the pieces as one _foreach_copy_ of 1-D views through the planner (its
-// groups, stages and the device's batched kernel). Under `strict`, a plan with any pair off the
-// fast path writes nothing (nullopt).
-std::optional<std::vector<int64_t>> device_pieces(at::TensorList dsts, const at::Tensor& src,
-                                                  const std::vector<Piece>& pieces, bool strict, Kind* why) {
+// A device's copy-out: the rows as one _foreach_copy_ of 1-D views through the planner (its
+// groups, stages and the device's batched kernel); row o of out[i] takes src's elements from
+// (o * total + its offset) * inner. Under `strict`, a plan with any pair off the fast path writes
+// nothing (nullopt).
+std::optional<std::vector<int64_t>> device_rows(const at::Tensor& src, c10::IntArrayRef sizes, at::TensorList out,
+                                                int64_t outer, int64_t total, int64_t inner, int64_t pairs,
+                                                bool strict, Kind* why) {
   at::AutoDispatchBelowADInplaceOrView below;  // internal views move no counter
   std::vector<at::Tensor> d, s;
-  d.reserve(pieces.size());
-  s.reserve(pieces.size());
-  for (const auto& p : pieces) {
-    const auto& dt = dsts[p.dst_tensor];
-    d.push_back(dt.as_strided({p.n}, {1}, dt.storage_offset() + p.dst_off));
-    s.push_back(src.as_strided({p.n}, {1}, src.storage_offset() + p.src_off));
+  d.reserve(pairs);
+  s.reserve(pairs);
+  for (int64_t o = 0; o < outer; ++o) {
+    int64_t off = 0;
+    for (size_t i = 0; i < out.size(); ++i) {
+      const int64_t n = sizes[i] * inner;
+      if (n > 0) {
+        d.push_back(out[i].as_strided({n}, {1}, out[i].storage_offset() + o * n));
+        s.push_back(src.as_strided({n}, {1}, src.storage_offset() + (o * total + off) * inner));
+      }
+      off += sizes[i];
+    }
   }
   if (strict) {
     const Plan plan = build_plan(d, s, *current_capabilities());
@@ -154,18 +155,7 @@ std::optional<std::vector<int64_t>> copy_out(const at::Tensor& src, c10::IntArra
     v[path_slot(kForeach, 2)] = 1;
     return v;
   }
-  std::vector<Piece> pieces;
-  pieces.reserve(pairs);
-  for (int64_t o = 0; o < outer; ++o) {
-    int64_t off = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      if (sizes[i] * inner > 0) {
-        pieces.push_back({i, o * sizes[i] * inner, (o * total + off) * inner, sizes[i] * inner});
-      }
-      off += sizes[i];
-    }
-  }
-  return device_pieces(out, src, pieces, strict, why);
+  return device_rows(src, sizes, out, outer, total, inner, pairs, strict, why);
 }
 
 // Stock raises for an out= argument that requires grad (and records NotImplemented for a
@@ -458,9 +448,10 @@ std::optional<std::vector<int64_t>> chunk_cat(at::TensorList tensors, int64_t di
       // out's mutable pointer only once nothing refuses the call (it materializes a copy-on-write
       // out, which stock leaves as it is where it raises).
       layout.out = static_cast<char*>(out.data_ptr());
-      stream = kernel.streams(scan.in_numel * c.elem + out_numel * oes);
+      const int64_t moved = scan.in_numel * c.elem + out_numel * oes;
+      stream = kernel.streams(moved);
       RECORD_FUNCTION("npu_dispatch::cpu_kernel", std::vector<c10::IValue>());
-      if (scan.in_numel * c.elem + out_numel * oes <= kSerialMovedBytes) {
+      if (moved <= kSerialMovedBytes) {
         kernel.write(layout, 0, out_numel, stream);
       } else {
         at::parallel_for(0, out_numel, std::max<int64_t>(1, kCopyGrainBytes / oes),
