@@ -2,19 +2,22 @@
 
 What ``register()`` changes, all undone by ``unregister()``:
 
-- ``torch._inductor.lowering.lowerings`` entries of ``fsdp.all_gather_copy_in.default``,
-  ``aten._foreach_copy.default`` and ``aten._foreach_copy_.default`` (an entry that was absent,
-  e.g. the copy-in before its first implicit fallback, is absent again);
+- ``torch._inductor.lowering.lowerings`` entries of ``aten.cat.default`` (the default-mode bucket
+  copy-in, ``bucket_copy_in.py``; every other ``cat`` is passed to the lowering it wraps),
+  ``bucketing._pre_bucket_all_gather.default`` and ``bucketing._pre_bucket_reduce_scatter.default``
+  (an entry that was absent, as a custom op's is before its first implicit fallback, is absent
+  again);
 - for those ops, membership in ``lowering.fallbacks`` and ``lowering.needs_realized_inputs`` and
   any ``_maybe_layout_constraints`` entry: an implicit fallback leaves these behind, and they
-  would realize (materialise) the copy-in's inputs before our lowering could fuse them;
-- ``torch._inductor.config.post_grad_custom_post_pass``: :class:`~.graph_pass.CopyInPass` is
-  appended (its ``uuid()`` keeps FX-graph / AOTAutograd cache entries apart);
-- a ``torch_dispatch`` rule for ``aten._foreach_copy_`` under ``FunctionalTensorMode``
-  (``functionalize.py``).
+  would realize the inputs (the casts) before our lowering could fuse them;
+- ``torch._inductor.config.post_grad_custom_pre_pass``: a :class:`CacheKey` pass (it changes no
+  graph) is appended, so its ``uuid()`` (the hash of this package's source and the strategy)
+  keeps FX-graph and AOTAutograd cache entries made with and without the lowerings apart.
 
-Lowerings are read when Inductor lowers a graph, so call ``register()`` before compiling; code
-already compiled (Dynamo's cache on the function) keeps the lowering it was compiled with.
+The lowerings act at lowering time, after every FX pass, so they see what the bucketing passes
+emit and need no pass of their own: a backend that assigns ``post_grad_custom_post_pass``
+outright (torchtitan's does) changes nothing here. Call ``register()`` before compiling: code
+already compiled (Dynamo's cache on the function) keeps the lowerings it was compiled with.
 """
 from __future__ import annotations
 
@@ -22,19 +25,39 @@ import contextlib
 import dataclasses
 import importlib
 import logging
+import os
 import threading
 
 import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
-from . import fused, native, strategy as _strategy
-from .functionalize import install as _install_rule
-from .graph_pass import CopyInPass
+from . import strategy as _strategy
+from .bucket_copy_in import lower_cat, lower_pre_bucket_all_gather
+from .reduce_scatter_copy_in import lower_pre_bucket_reduce_scatter
 
-__all__ = ["register", "unregister", "is_registered", "current_strategy", "active"]
+__all__ = ["register", "unregister", "is_registered", "current_strategy", "active", "CacheKey"]
 
 log = logging.getLogger("npu_dispatch.lowerings")
 aten = torch.ops.aten
 _lock = threading.RLock()
+_SOURCES = tuple(
+    sorted(os.path.join(os.path.dirname(__file__), f) for f in os.listdir(os.path.dirname(__file__)) if f.endswith(".py"))
+)
+
+
+class CacheKey(CustomGraphPass):
+    """A post-grad pass that changes nothing: its ``uuid()`` enters Inductor's and AOTAutograd's
+    cache keys, so a graph compiled without the lowerings is never served with them, nor the
+    other way round."""
+
+    def __init__(self, strategy: str) -> None:
+        self.strategy = strategy
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        return None
+
+    def uuid(self):
+        return ("npu_dispatch.lowerings", self.strategy, get_hash_for_files(_SOURCES))
 
 
 @dataclasses.dataclass
@@ -43,36 +66,25 @@ class _Saved:
     fallbacks: set
     needs_realized: set
     constraints: dict
-    post_pass: object
-    rule_lib: torch.library.Library
+    pre_pass: object
 
 
 _state: dict = {"saved": None, "strategy": None}
 
 
-def _copy_in_op():
-    importlib.import_module("torch.distributed.fsdp._fully_shard._fsdp_collectives")  # defines fsdp::
-    return torch.ops.fsdp.all_gather_copy_in.default
-
-
 def _ops():
-    import npu_dispatch.ops  # noqa: F401  defines npu_dispatch::, which native calls
-
-    return [_copy_in_op(), aten._foreach_copy.default, aten._foreach_copy_.default]
+    """The ops we lower: ``aten.cat`` and the two bucketing custom ops (defined on import)."""
+    importlib.import_module("torch._inductor.fx_passes.bucketing")  # defines bucketing::
+    b = torch.ops.bucketing
+    return [aten.cat.default, b._pre_bucket_all_gather.default, b._pre_bucket_reduce_scatter.default]
 
 
 _MISSING = object()
 
 
-def _rounds_away(x, out) -> bool:
-    return x.get_dtype() in (torch.bfloat16, torch.float16) and x.get_dtype() != out.get_dtype()
-
-
 def _dispatchers(prev: dict) -> dict:
-    """Our lowering per op: pick a strategy per node, keep ``prev`` for what we decline."""
-    from . import views
-
-    copy_in, fc, fc_ = _ops()
+    """Our lowering per op, each keeping ``prev``'s (or the implicit fallback) for what it declines."""
+    cat, ag, rs = _ops()
 
     def prev_or_fallback(op):
         fn = prev.get(op, _MISSING)
@@ -82,37 +94,18 @@ def _dispatchers(prev: dict) -> dict:
             return fallback_handler(op, add_to_fallback_set=False)
         return fn
 
-    def lower_copy_in(inputs, out, split_sizes, numel, rank):
-        why = views.supports(inputs, out)
-        if why is not None:
-            log.info("npu_dispatch.lowerings: all_gather_copy_in kept stock: %s", why)
-            return prev_or_fallback(copy_in)(inputs, out, split_sizes, numel, rank)
-        s = _strategy.choose(_state["strategy"], out.get_device(), len(inputs), "all_gather_copy_in")
-        if s == "fused" and any(_rounds_away(x, out) for x in inputs):
-            # Inductor computes bf16/fp16 values in fp32 inside a kernel: fused into a write of
-            # another dtype, the rounding eager does when it stores the input would be lost.
-            log.info("npu_dispatch.lowerings: all_gather_copy_in -> native: a bf16/fp16 input "
-                     "written into a %s output", out.get_dtype())
-            s = "native"
-        impl = fused.all_gather_copy_in if s == "fused" else native.all_gather_copy_in
-        return impl(inputs, out, split_sizes, numel, rank)
+    def requested():
+        return _state["strategy"] or "auto"
 
-    def lower_foreach_copy(self, src, non_blocking=False):
-        s = _strategy.choose(_state["strategy"], self[0].get_device(), len(self), "_foreach_copy")
-        if s == "fused":
-            return fused.foreach_copy(prev_or_fallback(fc), self, src, non_blocking)
-        return native.foreach_copy(self, src, non_blocking)
-
-    def lower_foreach_copy_(self, src, non_blocking=False):
-        s = _strategy.choose(_state["strategy"], self[0].get_device(), len(self), "_foreach_copy_")
-        impl = fused.foreach_copy_ if s == "fused" else native.foreach_copy_
-        return impl(self, src, non_blocking)
-
-    return {copy_in: lower_copy_in, fc: lower_foreach_copy, fc_: lower_foreach_copy_}
+    return {
+        cat: lower_cat(prev_or_fallback(cat), requested),
+        ag: lower_pre_bucket_all_gather(prev_or_fallback(ag), requested),
+        rs: lower_pre_bucket_reduce_scatter(prev_or_fallback(rs), prev_or_fallback(cat)),
+    }
 
 
 def register(strategy: str = "auto") -> None:
-    """Install the copy lowerings in Inductor (idempotent; a new ``strategy`` replaces the old).
+    """Install the lowerings in Inductor (idempotent; a new ``strategy`` replaces the old).
 
     Args:
         strategy: ``"auto"`` (per device type and list length, see ``strategy.py``), ``"fused"``
@@ -136,8 +129,7 @@ def register(strategy: str = "auto") -> None:
             fallbacks={op for op in ops if op in L.fallbacks},
             needs_realized={op for op in ops if op in L.needs_realized_inputs},
             constraints={op: L._maybe_layout_constraints[op] for op in ops if op in L._maybe_layout_constraints},
-            post_pass=config.post_grad_custom_post_pass,
-            rule_lib=_install_rule(),
+            pre_pass=config.post_grad_custom_pre_pass,
         )
         for op, fn in _dispatchers(saved.lowerings).items():
             L.lowerings[op] = fn
@@ -150,9 +142,9 @@ def register(strategy: str = "auto") -> None:
 
 
 def _replace_pass(config, strategy: str) -> None:
-    saved = _state["saved"].post_pass
+    saved = _state["saved"].pre_pass
     kept = [] if saved is None else list(saved) if isinstance(saved, (list, tuple)) else [saved]
-    config.post_grad_custom_post_pass = [*kept, CopyInPass(strategy)] if kept else CopyInPass(strategy)
+    config.post_grad_custom_pre_pass = [*kept, CacheKey(strategy)] if kept else CacheKey(strategy)
 
 
 def unregister() -> None:
@@ -175,8 +167,7 @@ def unregister() -> None:
                 L.needs_realized_inputs.add(op)
             if op in saved.constraints:
                 L._maybe_layout_constraints[op] = saved.constraints[op]
-        config.post_grad_custom_post_pass = saved.post_pass
-        saved.rule_lib._destroy()
+        config.post_grad_custom_pre_pass = saved.pre_pass
         _state["saved"], _state["strategy"] = None, None
         log.info("npu_dispatch.lowerings: unregistered")
 

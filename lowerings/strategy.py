@@ -1,4 +1,4 @@
-"""Which lowering a copy node gets: ``fused`` (Inductor writes) or ``native`` (one extern call).
+"""Which lowering a bucket copy gets: ``fused`` (Inductor writes) or ``native`` (one extern call).
 
 ``auto`` decides per graph node, from the node's device type and list length:
 
@@ -25,8 +25,8 @@ __all__ = ["STRATEGIES", "MAX_FUSED_TENSORS", "choose", "check"]
 log = logging.getLogger("npu_dispatch.lowerings")
 
 STRATEGIES = ("auto", "fused", "native")
-# Above this many tensors in one node, ``auto`` takes ``native``. The 200-shard FSDP copy-in of a
-# block stays fused; a 1500-tensor foreach copy (a whole model's parameters) goes native.
+# Above this many shards in one bucket, ``auto`` takes ``native``: a bucket of a few blocks stays
+# fused; a whole large model's parameters in one bucket (thousands of shards) go native.
 MAX_FUSED_TENSORS = 512
 
 

@@ -160,6 +160,11 @@ def write_markdown(result: dict, path: str, chart: str | None) -> None:
         parts.append(f"![stock vs direct vs mode vs null route vs roofline]({os.path.basename(chart)})")
     parts += ["## Machine", _machine(result), "## Workloads",
               "\n".join(f"- `{r['name']}`: {r['description']}" for r in result["workloads"])]
+    # benchmarks/compiled_buckets.py keeps its own marked section in the same file: carried over.
+    old = open(path).read() if os.path.exists(path) else ""
+    begin, end = "<!-- compiled_buckets: begin -->", "<!-- compiled_buckets: end -->"
+    if begin in old and end in old:
+        parts.append(old[old.index(begin): old.index(end) + len(end)])
     with open(path, "w") as f:
         f.write("\n\n".join(parts) + "\n")
 
