@@ -11,7 +11,7 @@ What ``register()`` changes, all undone by ``unregister()``:
   any ``_maybe_layout_constraints`` entry: an implicit fallback leaves these behind, and they
   would realize the inputs (the casts) before our lowering could fuse them;
 - ``torch._inductor.config.post_grad_custom_pre_pass``: a :class:`CacheKey` pass (it changes no
-  graph) is appended, so its ``uuid()`` (the hash of this package's source and the strategy)
+  graph) is appended to whatever is there at the time (``unregister()`` removes only it), so its ``uuid()`` (the hash of this package's source and the strategy)
   keeps FX-graph and AOTAutograd cache entries made with and without the lowerings apart.
 
 The lowerings act at lowering time, after every FX pass, so they see what the bucketing passes
@@ -141,9 +141,16 @@ def register(strategy: str = "auto") -> None:
         log.info("npu_dispatch.lowerings: registered (strategy=%s)", strategy)
 
 
+def _without_key(passes) -> list:
+    """The current pre-pass config as a list, without our :class:`CacheKey` entries."""
+    kept = [] if passes is None else list(passes) if isinstance(passes, (list, tuple)) else [passes]
+    return [p for p in kept if not isinstance(p, CacheKey)]
+
+
 def _replace_pass(config, strategy: str) -> None:
-    saved = _state["saved"].pre_pass
-    kept = [] if saved is None else list(saved) if isinstance(saved, (list, tuple)) else [saved]
+    """Append a fresh :class:`CacheKey` to whatever the pre pass is now (a pass the user set
+    after ``register()`` is kept)."""
+    kept = _without_key(config.post_grad_custom_pre_pass)
     config.post_grad_custom_pre_pass = [*kept, CacheKey(strategy)] if kept else CacheKey(strategy)
 
 
@@ -167,7 +174,8 @@ def unregister() -> None:
                 L.needs_realized_inputs.add(op)
             if op in saved.constraints:
                 L._maybe_layout_constraints[op] = saved.constraints[op]
-        config.post_grad_custom_pre_pass = saved.pre_pass
+        kept = _without_key(config.post_grad_custom_pre_pass)
+        config.post_grad_custom_pre_pass = kept[0] if len(kept) == 1 else (kept or None)
         _state["saved"], _state["strategy"] = None, None
         log.info("npu_dispatch.lowerings: unregistered")
 

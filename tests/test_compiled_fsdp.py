@@ -54,6 +54,7 @@ def test_custom_ops_copies_become_kernels(result):
     assert {b["collective"] for b in m["buckets_stock"]} == {"all_gather", "reduce_scatter"}
     for b in m["buckets_stock"]:
         assert b["externs"] == externs[b["collective"]] and b["kernels"] == 0
+    assert len(m["buckets_lowered"]) == len(m["buckets_stock"])
     for b in m["buckets_lowered"]:
         assert not b["externs"] and b["kernels"] >= 1
     assert m["copy_ms_stock"]["all_gather"] > 0 and m["copy_ms_lowered"]["all_gather"] > 0

@@ -102,6 +102,8 @@ def test_bucket_copy_in_matches_eager_on_random_shards(strategy_name, pattern, s
         # native runs ATen's cast (every bit); fused runs Inductor's, whose NaN payload may differ.
         assert_same_bits(got, want, nan_payload=strategy_name == "native")
     assert "torch.ops.bucketing" not in code, "the bucketing op stayed a Python fallback"
+    if strategy_name == "fused" and n:
+        assert _allocs(code) == [str(out_dtype)], "not lowered: the stock copy-in allocates a temporary"
     if strategy_name == "native" and n:
         assert code.count("torch.ops.npu_dispatch.foreach_copy_.default(") == 1
     else:
@@ -276,6 +278,13 @@ def test_user_pre_pass_is_kept_and_restored():
         ndl.register()
         passes = inductor_config.post_grad_custom_pre_pass
         assert passes[0] is mine and isinstance(passes[1], CacheKey) and len(passes) == 2
+        ndl.unregister()
+        assert inductor_config.post_grad_custom_pre_pass is mine
+        # A pass set after register() survives a strategy change and unregister().
+        ndl.register()
+        inductor_config.post_grad_custom_pre_pass = [mine, *([] if isinstance(inductor_config.post_grad_custom_pre_pass, CacheKey) else [])]
+        with ndl.active("native"):
+            assert inductor_config.post_grad_custom_pre_pass[0] is mine
         ndl.unregister()
         assert inductor_config.post_grad_custom_pre_pass is mine
 
