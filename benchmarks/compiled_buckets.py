@@ -39,12 +39,11 @@ import subprocess
 import sys
 
 import torch
-from torch._inductor.compile_fx import compile_fx_inner
-from torch._inductor.fx_passes.bucketing import _ALL_DTYPES  # noqa: F401  defines bucketing::
-from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils.benchmark import Timer
 
-import npu_dispatch.lowerings as ndl
+from npu_dispatch.testing.bucket_graphs import (
+    compile_post_grad, copy_in_custom_ops, copy_in_default, rs_custom_ops, rs_default,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs")
@@ -73,50 +72,10 @@ def numel(shape) -> int:
     return n
 
 
-def copy_in_default(world, rank):
-    def f(*shards):
-        n = sum(s.numel() for s in shards)
-        out = torch.empty(world * n, dtype=bf16)
-        out.narrow(0, n * rank, n).copy_(torch.cat([s.reshape(-1) for s in shards]))
-        return (out,)
-    return f
-
-
-def copy_in_custom_ops(world, rank):
-    def f(*shards):
-        idx = [_ALL_DTYPES.index(bf16)] * len(shards)
-        return (torch.ops.bucketing._pre_bucket_all_gather(list(shards), world, bf16, idx, rank, None),)
-    return f
-
-
-def cast(g):
-    """bf16 -> fp32 as the post-grad graph has it (``.to`` would trace as ``_to_copy``)."""
-    return torch.ops.prims.convert_element_type.default(g, f32)
-
-
-def rs_default(world):
-    def f(*grads):
-        return (torch.cat([cast(g).reshape(world, -1) for g in grads], dim=1).flatten(),)
-    return f
-
-
-def rs_custom_ops(world):
-    def f(*grads):
-        return (torch.ops.bucketing._pre_bucket_reduce_scatter([cast(g) for g in grads], world),)
-    return f
-
-
 def compiled(fn, inputs, lowered: bool):
-    """``fn`` traced as the bucketing pass traces (``make_fx``) and compiled post-grad."""
-    gm = make_fx(fn)(*inputs)
-    torch._dynamo.reset()
-    if lowered:
-        with ndl.active("auto"):
-            c = compile_fx_inner(gm, list(inputs))
-    else:
-        assert not ndl.is_registered()
-        c = compile_fx_inner(gm, list(inputs))
-    return lambda *xs: c(list(xs))
+    """``fn`` as the bucketing pass traces it (``make_fx``), compiled post-grad, stock or lowered."""
+    run, _ = compile_post_grad(fn, inputs, "auto" if lowered else None)
+    return run
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:

@@ -24,6 +24,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from npu_dispatch import _native
+from test_fsdp import _bits, _grads, _params, _same  # the bitwise comparisons of the eager FSDP2 test
 
 if not dist.is_available():
     pytest.skip("torch built without distributed", allow_module_level=True)
@@ -126,25 +127,6 @@ def _model(variant: str, backend):
             block.compile(backend=backend)
         return model, model, opt
     return model, torch.compile(model, backend=backend), opt
-
-
-def _bits(t):
-    t = t.to_local() if hasattr(t, "to_local") else t
-    return t.detach().reshape(-1).view(torch.uint8).clone()
-
-
-def _same(a, b) -> bool:
-    """Bitwise equality of the local shards of two models' parameters, or of their gradients."""
-    return len(a) == len(b) and all((x is None) == (y is None) and (x is None or torch.equal(_bits(x), _bits(y)))
-                                    for x, y in zip(a, b))
-
-
-def _params(model):
-    return list(model.parameters())
-
-
-def _grads(model):
-    return [p.grad for p in model.parameters()]
 
 
 def _worker(rank, world, port, variant, out):
