@@ -61,8 +61,11 @@ void chunk_cat_range(const ChunkCatLayout& l, int64_t ies, int64_t oes, int64_t 
   const int64_t width = l.width, num_chunks = l.num_chunks;
   int64_t r = lo / width;
   // The last region starting at or before lo's position in its row.
-  const ChunkSource* t =
-      std::upper_bound(first, last, lo - r * width, [](int64_t v, const ChunkSource& x) { return v < x.offset; }) - 1;
+  // (A layout of some of a call's inputs, one pass per input dtype, may leave gaps: lo can come
+  // before the first region, and then the pass starts at it.)
+  const ChunkSource* t = std::max(
+      first,
+      std::upper_bound(first, last, lo - r * width, [](int64_t v, const ChunkSource& x) { return v < x.offset; }) - 1);
   for (;; ++r, t = first) {
     const int64_t row = r * width;
     if (row >= hi) return;

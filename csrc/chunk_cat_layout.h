@@ -24,7 +24,8 @@ struct ChunkCatLayout {
   char* out;  // contiguous [pre, num_chunks, width] of out_dtype
   int64_t pre, num_chunks, width;
   c10::ScalarType in_dtype, out_dtype;
-  std::vector<ChunkSource> sources;  // offsets strictly increasing, every region non-empty
+  std::vector<ChunkSource> sources;  // offsets strictly increasing, every region non-empty; gaps
+                                     // between regions (another pass's) are left unwritten
 };
 
 // The kernel that writes a layout's out as stock's _chunk_cat writes it: a byte copy, or the

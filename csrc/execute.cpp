@@ -8,6 +8,9 @@
 #include <c10/core/InferenceMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include <cmath>
+#include <cstring>
+
 #include "borrowed.h"
 #include "capability_table.h"
 #include "cpu_copy_kernel.h"
@@ -53,6 +56,26 @@ const at::Tensor* probe(at::TensorList dsts) {
 
 int64_t version(const at::Tensor* t) { return t == nullptr ? 0 : t->_version(); }
 
+// Stock's CPU copy of a 0-dim float32 into a 0-dim bfloat16 picks its conversion loop from stale
+// stack memory (docs/stock_quirks.md): a NaN comes out 0xffff or 0x7fc0, depending on what ran
+// on this thread before. The loop below writes the defined one, c10::BFloat16(float)'s 0x7fc0
+// (what stock gives on a clean stack), whatever ran before. True where the pair is such a copy
+// of a NaN; read before the copy, since the source may share the destination's bytes.
+bool zero_dim_nan_to_bf16(const at::Tensor& d, const at::Tensor& s) {
+  if (d.dim() != 0 || s.dim() != 0 || d.scalar_type() != at::kBFloat16 || s.scalar_type() != at::kFloat ||
+      !d.is_cpu() || !s.is_cpu() || !s.has_storage() || s.numel() != 1) {
+    return false;
+  }
+  float v;
+  std::memcpy(&v, s.const_data_ptr(), sizeof v);
+  return std::isnan(v);
+}
+
+void write_defined_bf16_nan(const at::Tensor& d) {
+  const uint16_t word = 0x7FC0;  // c10::BFloat16 round_to_nearest_even's NaN
+  std::memcpy(d.mutable_data_ptr(), &word, sizeof word);
+}
+
 // Profiler ranges npu_dispatch::<path>; RECORD_FUNCTION is free with no profiler.
 class Executor {
  public:
@@ -88,7 +111,9 @@ class Executor {
       const bool outside_inference = !c10::InferenceMode::is_enabled();
       for (size_t i = 0; i < dsts_.size(); ++i) {
         auto d = dsts_[i];
+        const bool defined_nan = zero_dim_nan_to_bf16(d, srcs_[i]);
         d.copy_(srcs_[i], non_blocking_);
+        if (defined_nan) write_defined_bf16_nan(d);
         // Stock's version bump raises this, after the write; the executor runs below it. Where
         // stock bumps nothing (below ADInplaceOrView), it raises nothing either.
         TORCH_CHECK(!(bump && outside_inference && !has_version_counter(d)), kInferenceWriteError);

@@ -474,3 +474,100 @@ std::optional<std::vector<int64_t>> chunk_cat(at::TensorList tensors, int64_t di
 }
 
 }  // namespace npu_dispatch
+
+namespace npu_dispatch {
+
+std::optional<std::vector<int64_t>> chunk_cat_mixed_dtype(at::TensorList tensors, int64_t dim, int64_t num_chunks,
+                                                          const at::Tensor& out, bool strict, bool bump, Kind* why) {
+  RECORD_FUNCTION("npu_dispatch::chunk_cat_mixed_dtype", std::vector<c10::IValue>());
+  *why = Kind::MayRaise;
+  const auto n = static_cast<int64_t>(tensors.size());
+  if (n == 0 || !tensors[0].defined()) return std::nullopt;
+  bool mixed = false;
+  for (const auto& t : tensors) mixed = mixed || !t.defined() || t.scalar_type() != tensors[0].scalar_type();
+  // One dtype: upstream's kernel is _chunk_cat.out itself.
+  if (!mixed) return chunk_cat(tensors, dim, num_chunks, out, strict, bump, /*split_checks=*/false, why);
+  if (num_chunks < 1 || num_chunks > (int64_t{1} << 40) || !plain(out)) return std::nullopt;
+  const auto& t0 = tensors[0];
+  const int64_t nd0 = t0.dim();
+  if (nd0 == 0 || dim < -nd0 || dim >= nd0) return std::nullopt;
+  const int64_t wrapped = dim < 0 ? dim + nd0 : dim;
+  const auto out_dt = out.scalar_type();
+  const bool pow2 = (num_chunks & (num_chunks - 1)) == 0;
+  // Upstream casts each input to out's dtype, then runs _chunk_cat.out, all below autograd (its
+  // op has no autograd kernel): no out= autograd check, so grad_mode is off here.
+  ChunkCheck c{t0.dtype(), static_cast<int64_t>(t0.dtype().itemsize()), out.device(), out.device().is_cpu(),
+               /*grad_mode=*/false, pow2, pow2 ? __builtin_ctzll(static_cast<unsigned long long>(num_chunks)) : 0,
+               dim, wrapped, nd0, num_chunks, 1, t0.sizes().slice(0, wrapped), span_of(out),
+               subclass_or_lazy_keys()};
+  for (const int64_t s : c.lead) c.pre *= s;
+  std::optional<Kind> late;
+  const auto caps = current_capabilities();
+  const Capability* cap = caps->get(c.device.type());
+  if (cap == nullptr || cap->whole_list || !cap->host_pass) {
+    late = cap != nullptr && cap->whole_list ? Kind::WholeListRoute : Kind::NoCapability;
+  }
+  // One pass per input dtype, each writing its inputs' regions of every out row (the kernel
+  // upstream runs once per input dtype on CUDA too); each a byte copy or a widening cast.
+  std::vector<c10::ScalarType> dtypes;
+  std::vector<ChunkCatKernel> kernels;
+  bool cast_ok = true;
+  ChunkScan scan;
+  scan.contiguous = out.is_contiguous();
+  std::vector<ChunkSource> sources(n);
+  for (int64_t k = 0; k < n && !scan.refused; ++k) {
+    const auto& t = tensors[k];
+    if (!t.defined()) {
+      scan.refused = true;
+      break;
+    }
+    const auto dt = t.scalar_type();
+    if (std::find(dtypes.begin(), dtypes.end(), dt) == dtypes.end()) {
+      dtypes.push_back(dt);
+      kernels.emplace_back();
+      const bool widening = dt == out_dt || (at::isFloatingType(dt) && at::isFloatingType(out_dt) &&
+                                             c10::elementSize(out_dt) > c10::elementSize(dt));
+      cast_ok = cast_ok && copy_dtype(dt) && widening;
+      if (!late && cast_ok && !kernels.back().init(dt, out_dt)) late = Kind::Dtype;
+    }
+    c.meta = t.dtype();
+    c.elem = static_cast<int64_t>(t.dtype().itemsize());
+    ChunkScan one = scan_chunks(tensors, k, k + 1, c, sources.data());
+    sources[k].offset += scan.width;
+    scan.add(one);
+  }
+  if (const auto refusal = chunk_refusal(scan, out, c, cast_ok, late)) {
+    *why = *refusal;
+    return std::nullopt;
+  }
+  const int64_t out_numel = out.numel();
+  const int64_t oes = static_cast<int64_t>(c10::elementSize(out_dt));
+  char* const out_ptr = static_cast<char*>(out.data_ptr());
+  const int64_t moved = scan.in_numel * oes + out_numel * oes;  // an upper bound of the bytes read
+  bool stream = false;
+  for (size_t g = 0; g < dtypes.size(); ++g) {
+    ChunkCatLayout layout{out_ptr, c.pre, num_chunks, scan.width, dtypes[g], out_dt, {}};
+    for (int64_t k = 0; k < n; ++k) {
+      if (tensors[k].scalar_type() == dtypes[g]) layout.sources.push_back(sources[k]);
+    }
+    const ChunkCatKernel& kernel = kernels[g];
+    const bool streamed = kernel.streams(moved);
+    stream = stream || streamed;
+    if (moved <= kSerialMovedBytes) {
+      kernel.write(layout, 0, out_numel, streamed);
+    } else {
+      at::parallel_for(0, out_numel, std::max<int64_t>(1, kCopyGrainBytes / oes),
+                       [&](int64_t lo, int64_t hi) { kernel.write(layout, lo, hi, streamed); });
+    }
+  }
+  ChunkCatKernel::count(scan.pairs, out_numel * oes, stream);
+  if (bump) out.unsafeGetTensorImpl()->bump_version();
+  std::vector<int64_t> v(kCountsLen, 0);
+  v[0] = kExecuted | kBumped;
+  v[path_slot(kForeach, 0)] = scan.pairs;
+  v[path_slot(kForeach, 1)] = static_cast<int64_t>(out.nbytes());
+  v[path_slot(kForeach, 2)] = static_cast<int64_t>(dtypes.size());
+  return v;
+}
+
+}  // namespace npu_dispatch

@@ -43,6 +43,16 @@ std::optional<std::vector<int64_t>> chunk_cat(at::TensorList tensors, int64_t di
                                               const at::Tensor& out, bool strict, bool bump, bool split_checks,
                                               Kind* why);
 
+// fsdp::chunk_cat_mixed_dtype (torch 2.15, torch/csrc/distributed/fsdp/ChunkCat.h): chunk_cat of
+// inputs that may differ in dtype, each cast to out's dtype first. One dtype: chunk_cat above. Mixed
+// (FSDP2's bf16 and fp32 gradients into an fp32 reduce-scatter input): on the CPU one pass of the
+// kernel per input dtype, each a byte copy or a widening cast, over the same preconditions as
+// chunk_cat; anything else nullopt, *why set, nothing written. No out= autograd check (upstream's
+// op runs below autograd). `bump`: out's counter once (false below ADInplaceOrView, where the op's
+// own ADInplaceOrView kernel bumps it).
+std::optional<std::vector<int64_t>> chunk_cat_mixed_dtype(at::TensorList tensors, int64_t dim, int64_t num_chunks,
+                                                          const at::Tensor& out, bool strict, bool bump, Kind* why);
+
 // The count vector of a call handed to stock whole, for `why`.
 std::vector<int64_t> stock_counts(Kind why, int64_t pairs, int64_t bytes);
 

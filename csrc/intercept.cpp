@@ -6,6 +6,7 @@
 #include <ATen/MemoryOverlap.h>
 #include <torch/library.h>
 
+#include <map>
 #include <mutex>
 #include <set>
 #include <tuple>
@@ -15,6 +16,7 @@
 #include "execute.h"
 #include "fsdp_copies.h"
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include "mode_scope.h"
 #include "plan.h"
 
@@ -144,12 +146,37 @@ void fsdp_chunk_cat(c10::DispatchKeySet ks, at::TensorList tensors, int64_t dim,
   s->stats->record(kOpFsdpChunkCat, *counts, now_ns() - t0);
 }
 
+// torch 2.15's FSDP2 reduce-scatter copy-in (fsdp_copies.h); refused calls go on to its own kernel.
+// (A C++ op: its kernels take out as Tensor&, and every kernel's signature must match.)
+using ChunkCatMixedFn = void(at::TensorList, int64_t, int64_t, at::Tensor&);
+
+void fsdp_chunk_cat_mixed_dtype(c10::DispatchKeySet ks, at::TensorList tensors, int64_t dim, int64_t num_chunks,
+                                at::Tensor& out) {
+  ModeScope* s = serving(&out);
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("fsdp::chunk_cat_mixed_dtype", "").typed<ChunkCatMixedFn>();
+  if (s == nullptr) {
+    op.redispatch(ks & kAfterBackendSelect, tensors, dim, num_chunks, out);
+    return;
+  }
+  if (s->probe) return;
+  const int64_t t0 = now_ns();
+  Kind why = Kind::MayRaise;
+  auto counts = chunk_cat_mixed_dtype(tensors, dim, num_chunks, out, false, bumps_here(), &why);
+  if (!counts) {
+    op.redispatch(ks & kAfterBackendSelect, tensors, dim, num_chunks, out);
+    counts = stock_counts(why, std::max<int64_t>(static_cast<int64_t>(tensors.size()), 1), total_bytes({out}));
+  }
+  s->stats->record(kOpFsdpChunkCatMixedDtype, *counts, now_ns() - t0);
+}
+
 // Which counted op a passthrough op's calls go under.
 CountedOp counted_as(const c10::OperatorName& name) {
   if (name.name == "aten::_foreach_copy_") return kOpAtenForeachCopy;
   if (name.name == "aten::_foreach_copy") return kOpAtenForeachCopyFunctional;
   if (name.name == "fsdp::split_with_sizes_copy") return kOpFsdpSplitWithSizesCopy;
   if (name.name == "fsdp::chunk_cat") return kOpFsdpChunkCat;
+  if (name.name == "fsdp::chunk_cat_mixed_dtype") return kOpFsdpChunkCatMixedDtype;
   return kOpFsdpAllGatherCopyIn;
 }
 
@@ -169,6 +196,20 @@ void passthrough(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::j
   op.redispatchBoxed(ks & kAfterBackendSelect, stack);
 }
 
+// The in-reach marker (intercept.h): what a call of aten::_foreach_copy_ found at ADInplaceOrView.
+thread_local int64_t t_in_reach_modes = -1;
+
+void in_reach_marker(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  struct Restore {
+    int64_t saved = t_in_reach_modes;
+    ~Restore() { t_in_reach_modes = saved; }
+  } restore;
+  t_in_reach_modes = c10::impl::TorchDispatchModeTLS::stack_len();
+  // The keyset after ADInplaceOrView, as the fallthrough there would pass it on; TLS untouched.
+  op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::ADInplaceOrView),
+                     stack);
+}
+
 // Never destroyed: the registrations last the process.
 torch::Library* library(const char* ns) {
   return new torch::Library(torch::Library::IMPL, ns, c10::DispatchKey::BackendSelect, __FILE__, __LINE__);
@@ -185,6 +226,26 @@ void install_aten_interception() {
   });
 }
 
+bool install_in_reach_marker(const std::string& op_name) {
+  static std::mutex m;
+  static std::map<std::string, bool> done;
+  std::lock_guard<std::mutex> g(m);
+  auto it = done.find(op_name);
+  if (it != done.end()) return it->second;
+  const auto pos = op_name.find("::");
+  const auto op = c10::Dispatcher::singleton().findOp(c10::OperatorName(op_name, ""));
+  const bool ok = pos != std::string::npos && op && !op->hasKernelForDispatchKey(c10::DispatchKey::ADInplaceOrView);
+  if (ok) {
+    auto* lib = new torch::Library(torch::Library::IMPL, op_name.substr(0, pos), c10::DispatchKey::ADInplaceOrView,
+                                   __FILE__, __LINE__);
+    lib->impl(op_name.substr(pos + 2).c_str(), torch::CppFunction::makeFromBoxedFunction<&in_reach_marker>());
+  }
+  done[op_name] = ok;
+  return ok;
+}
+
+int64_t in_reach_modes() { return t_in_reach_modes; }
+
 void install_fsdp_interception(const std::string& name) {
   static std::mutex m;
   static std::set<std::string> done;
@@ -196,6 +257,8 @@ void install_fsdp_interception(const std::string& name) {
     library("fsdp")->impl("split_with_sizes_copy", TORCH_FN(fsdp_split_with_sizes_copy));
   } else if (name == "chunk_cat") {
     library("fsdp")->impl("chunk_cat", TORCH_FN(fsdp_chunk_cat));
+  } else if (name == "chunk_cat_mixed_dtype") {
+    library("fsdp")->impl("chunk_cat_mixed_dtype", TORCH_FN(fsdp_chunk_cat_mixed_dtype));
   } else {
     TORCH_CHECK(false, "npu_dispatch: no interception kernel for fsdp::", name);
   }

@@ -22,4 +22,15 @@ void install_fsdp_interception(const std::string& name);
 // that counts each call inside a mode (reason "schema") and redispatches it unchanged.
 void install_passthrough(const std::string& op_name, const std::string& overload);
 
+// For NpuFastCopyMode's Python dispatch-mode path (npu_dispatch/mode.py), whose handler runs with
+// ADInplaceOrView excluded whatever the caller did: a kernel at ADInplaceOrView for an owned op
+// ("aten::_foreach_copy_", "fsdp::all_gather_copy_in", ...: default overload) that only notes, for
+// the call it passes on, that ADInplaceOrView was in reach (stock's copies would then bump their
+// destinations) and how many Python dispatch modes were on the stack. It changes nothing else; an
+// op with a kernel of its own there gets none (false). Installed once per op, for the process.
+bool install_in_reach_marker(const std::string& op_name);
+// What the innermost marked call on this thread found: the Python dispatch modes then on the
+// stack, or -1 where no marked call is under way (ADInplaceOrView was not in reach).
+int64_t in_reach_modes();
+
 }  // namespace npu_dispatch

@@ -15,6 +15,8 @@ OpStats& direct_stats() {
 
 }  // namespace
 
+int op_stats_len() { return kOpLen; }
+
 OpStats::OpStats() : acc_(kLen, 0) {}
 
 void OpStats::record(CountedOp op, const std::vector<int64_t>& v, int64_t nanoseconds) {

@@ -22,8 +22,12 @@ enum CountedOp : int {
   kOpChunkCat,
   kOpFsdpSplitWithSizesCopy,
   kOpFsdpChunkCat,
+  kOpFsdpChunkCatMixedDtype,
   kNumCountedOps
 };
+
+// The length of one counted op's block in a drained vector (OpStats::drain).
+int op_stats_len();
 
 // One set of counters, safe to share between threads.
 class OpStats {

@@ -2,6 +2,7 @@
 // and unboxes it into a fresh std::vector (a refcount bump, and a GIL round trip, per tensor);
 // here the lists are read straight from the Python objects and the tensors only borrowed.
 #include <ATen/PythonTorchFunctionTLS.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
@@ -20,6 +21,7 @@
 #include "sharded_lane.h"
 #include "stream_copy.h"
 #include "copy_call.h"
+#include "dispatcher_facts.h"
 #include "lane_call.h"
 #include "intercept.h"
 #include "mode_scope.h"
@@ -33,7 +35,7 @@
 namespace {
 
 // Bumped whenever this module's functions or the count layouts change (_native.py checks it).
-constexpr int64_t kAbiVersion = 12;
+constexpr int64_t kAbiVersion = 13;
 
 // Strong references to the list items for the whole call: another thread may mutate the lists
 // while the GIL is released.
@@ -369,6 +371,36 @@ PyObject* chunk_cat(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs)
   END_HANDLE_TH_ERRORS
 }
 
+// chunk_cat_mixed_dtype(tensors, dim, num_chunks, out, strict) -> tuple of ints (execute.h): the
+// Python dispatch-mode path's fsdp::chunk_cat_mixed_dtype (fsdp_copies.h), else the op's own
+// kernel. Its handler runs below the op's ADInplaceOrView kernel, which bumps out: nothing here does.
+PyObject* chunk_cat_mixed_dtype(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (!arity(nargs, 5, 5, "chunk_cat_mixed_dtype(tensors, dim, num_chunks, out, strict)")) return nullptr;
+  PyRefs refs;
+  npu_dispatch::BorrowedTensors tensors;
+  at::Tensor out;
+  if (!unpack(args[0], "tensors", &refs, &tensors) || !one_tensor(args[3], "out", &out)) return nullptr;
+  const int64_t dim = PyLong_AsLongLong(args[1]);
+  if (dim == -1 && PyErr_Occurred()) return nullptr;
+  const int64_t num_chunks = PyLong_AsLongLong(args[2]);
+  if (num_chunks == -1 && PyErr_Occurred()) return nullptr;
+  const bool strict = PyObject_IsTrue(args[4]) == 1;
+  return to_tuple(serve_or_stock(
+      strict, std::max<int64_t>(static_cast<int64_t>(tensors.size()), 1),
+      [&](npu_dispatch::Kind* why) {
+        return npu_dispatch::chunk_cat_mixed_dtype(tensors, dim, num_chunks, out, strict, false, why);
+      },
+      [&] {
+        static const auto op = c10::Dispatcher::singleton()
+                                   .findSchemaOrThrow("fsdp::chunk_cat_mixed_dtype", "")
+                                   .typed<void(at::TensorList, int64_t, int64_t, at::Tensor&)>();
+        op.call(tensors, dim, num_chunks, out);
+        return npu_dispatch::total_bytes({out});
+      }));
+  END_HANDLE_TH_ERRORS
+}
+
 // Whether a direct call may skip the dispatcher: nothing would act on the op (unobserved()), and
 // no tensor needs autograd (stock raises for an out= argument that requires grad).
 bool direct_ok(at::TensorList a, at::TensorList b) {
@@ -512,6 +544,56 @@ PyObject* install(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   END_HANDLE_TH_ERRORS
 }
 
+PyObject* fact_tuple(const npu_dispatch::Fact& f) {
+  return Py_BuildValue("(sOs)", f.name.c_str(), f.holds ? Py_True : Py_False, f.detail.c_str());
+}
+
+// static_facts(fsdp_ops: list[str]) -> list[(name, holds, detail)] (dispatcher_facts.h).
+PyObject* static_facts(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (!arity(nargs, 1, 1, "static_facts(fsdp_ops)")) return nullptr;
+  std::vector<std::string> names;
+  for (PyObject* name : py_items(args[0])) {
+    const char* s = PyUnicode_AsUTF8(name);
+    if (s == nullptr) return nullptr;
+    names.emplace_back(s);
+  }
+  const auto facts = npu_dispatch::static_facts(names);
+  PyObject* out = PyList_New(static_cast<Py_ssize_t>(facts.size()));
+  if (out == nullptr) return nullptr;
+  for (size_t i = 0; i < facts.size(); ++i) {
+    PyObject* t = fact_tuple(facts[i]);
+    if (t == nullptr) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    PyList_SET_ITEM(out, static_cast<Py_ssize_t>(i), t);
+  }
+  return out;
+  END_HANDLE_TH_ERRORS
+}
+
+// live_fact() -> (name, holds, detail): after install (dispatcher_facts.h).
+PyObject* live_fact(PyObject* /*self*/, PyObject* const* /*args*/, Py_ssize_t /*nargs*/) {
+  HANDLE_TH_ERRORS
+  return fact_tuple(npu_dispatch::live_fact());
+  END_HANDLE_TH_ERRORS
+}
+
+// install_in_reach_marker(op_name: str) -> bool; in_reach_modes() -> int (intercept.h).
+PyObject* install_in_reach_marker(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (!arity(nargs, 1, 1, "install_in_reach_marker(op_name)")) return nullptr;
+  const char* name = PyUnicode_AsUTF8(args[0]);
+  if (name == nullptr) return nullptr;
+  return PyBool_FromLong(npu_dispatch::install_in_reach_marker(name));
+  END_HANDLE_TH_ERRORS
+}
+
+PyObject* in_reach_modes(PyObject* /*self*/, PyObject* const* /*args*/, Py_ssize_t /*nargs*/) {
+  return PyLong_FromLongLong(npu_dispatch::in_reach_modes());
+}
+
 // install_passthrough(op_name, overload) -> None: counts an owned op of an unknown schema.
 PyObject* install_passthrough(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
@@ -626,6 +708,16 @@ PyMethodDef methods[] = {
      "A scope's counters since the last drain."},
     {"install", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&install)), METH_FASTCALL,
      "Register the interception kernels."},
+    {"chunk_cat_mixed_dtype", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&chunk_cat_mixed_dtype)),
+     METH_FASTCALL, "torch 2.15's reduce-scatter copy-in through the fast path; returns the count vector."},
+    {"static_facts", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&static_facts)), METH_FASTCALL,
+     "The dispatcher facts the interception kernels rely on, before installing them."},
+    {"live_fact", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&live_fact)), METH_FASTCALL,
+     "One live call through the installed kernels."},
+    {"install_in_reach_marker", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&install_in_reach_marker)),
+     METH_FASTCALL, "The ADInplaceOrView marker of the Python dispatch-mode path."},
+    {"in_reach_modes", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&in_reach_modes)), METH_FASTCALL,
+     "What the innermost marked _foreach_copy_ found: Python modes on the stack, or -1."},
     {"install_passthrough", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&install_passthrough)), METH_FASTCALL,
      "Count an owned op of an unknown schema."},
     {"stock_foreach_copy", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&stock_foreach_copy)),

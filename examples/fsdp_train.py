@@ -43,7 +43,11 @@ import npu_dispatch  # noqa: E402
 
 # The four copies FSDP2 makes per all-gather group, as the profiler names them: the cast, the
 # all-gather copy-in and copy-out, the reduce-scatter copy-in.
-COPY_OPS = ("aten::_foreach_copy_", "fsdp::all_gather_copy_in", "fsdp::split_with_sizes_copy", "fsdp::chunk_cat")
+# torch 2.15's FSDP2 issues its reduce-scatter copy-in as fsdp::chunk_cat_mixed_dtype.
+_RS_COPY_IN = ("fsdp::chunk_cat_mixed_dtype"
+               if torch.distributed.is_available() and hasattr(torch.ops.fsdp, "chunk_cat_mixed_dtype")
+               else "fsdp::chunk_cat")
+COPY_OPS = ("aten::_foreach_copy_", "fsdp::all_gather_copy_in", "fsdp::split_with_sizes_copy", _RS_COPY_IN)
 # Steps not timed: the first ones allocate and warm caches.
 WARMUP_STEPS = 2
 

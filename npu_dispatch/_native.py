@@ -44,7 +44,7 @@ __all__ = ["load", "available", "status", "build", "module", "planned_op", "dire
 log = logging.getLogger("npu_dispatch")
 
 _BASE_NAME = "npu_dispatch_native"
-_ABI_VERSION = 12
+_ABI_VERSION = 13
 def _build_name(src: Path) -> str:
     """One cache entry per source tree and torch build: two checkouts (or venvs) sharing
     TORCH_EXTENSIONS_DIR would otherwise rebuild over each other on every load."""
@@ -297,7 +297,8 @@ def push_capabilities() -> None:
 # Layout of the counters C++ keeps (drain_stats, scope_drain: csrc/native_stats.h).
 _COUNTED_OPS = ("npu_dispatch.foreach_copy_", "npu_dispatch.all_gather_copy_in", "aten._foreach_copy_",
                 "aten._foreach_copy", "fsdp.all_gather_copy_in", "npu_dispatch.split_with_sizes_copy",
-                "npu_dispatch.chunk_cat", "fsdp.split_with_sizes_copy", "fsdp.chunk_cat")
+                "npu_dispatch.chunk_cat", "fsdp.split_with_sizes_copy", "fsdp.chunk_cat",
+                "fsdp.chunk_cat_mixed_dtype")
 
 
 def _drain_into(stats: "_stats.CopyStats") -> None:

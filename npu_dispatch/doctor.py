@@ -69,14 +69,22 @@ def _native() -> str:
 
 def _interception() -> str:
     from . import _native
-    from .mode import _interception_refused
+    from .mode import _install, _interception_refused
 
     if _native.status()[0]:
+        _install()  # checks the dispatcher facts (csrc/dispatcher_facts.h) and installs
         refused = _interception_refused()
         if refused is not None:
             return f"a Python dispatch mode (every op of the block pays for it): {refused}"
         return "C++ kernels at BackendSelect while entered (no Python dispatch mode; other ops unaffected)"
     return "none: without the native library every owned op runs as stock, counted as no_native"
+
+
+def _facts() -> list[str]:
+    """One line per dispatcher fact the interception kernels rely on, checked in this torch."""
+    from .mode import FACTS
+
+    return [f"  {'holds' if holds else 'FAILS'}  {name}: {detail}" for name, holds, detail in FACTS]
 
 
 def _emulated_npu() -> str:
@@ -124,6 +132,10 @@ def report() -> str:
     ]
     width = max(len(k) for k, _ in rows)
     lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
+    facts = _facts()
+    if facts:
+        lines.append("dispatcher facts the interception relies on (checked at load):")
+        lines.extend(facts)
     lines.append("capability table:")
     for dev, cap in sorted(capabilities.table().items()):
         lines.append(f"  {dev:<5} {_fmt_cap(cap)}")

@@ -24,7 +24,8 @@ from .errors import FastCopyFallbackError, FastCopyMismatchError
 from .plan import Plan
 from .stats import CopyStats
 
-__all__ = ["busy", "foreach_copy", "all_gather_copy_in", "split_with_sizes_copy", "chunk_cat", "no_native_error"]
+__all__ = ["busy", "foreach_copy", "all_gather_copy_in", "split_with_sizes_copy", "chunk_cat", "chunk_cat_mixed_dtype",
+           "no_native_error"]
 
 _local = threading.local()
 _aten_foreach_copy_ = torch.ops.aten._foreach_copy_.default
@@ -141,6 +142,10 @@ def _native_verify(planned, dsts, srcs, non_blocking, op, strict, bump) -> tuple
     if strict and (p.stock_reason is not None or p.fallback):
         raise _strict_error(op, p)
     v = None
+    if bump is None:
+        # Stock's rule where the call is made, read here: the copies below run under a guard that
+        # excludes ADInplaceOrView.
+        bump = not torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.ADInplaceOrView)
 
     def run() -> None:
         nonlocal v
@@ -271,6 +276,35 @@ def chunk_cat(
         torch._chunk_cat(list(tensors), dim, num_chunks, out=ref[0])
     with _inside():
         v = module.chunk_cat(list(tensors), dim, num_chunks, out, strict, bump)
+    _checked(op, v, stats, start)
+    if ref is not None:
+        _compare(op, [out], ref)
+
+
+def chunk_cat_mixed_dtype(
+    tensors: Sequence[torch.Tensor],
+    dim: int,
+    num_chunks: int,
+    out: torch.Tensor,
+    *,
+    stats: CopyStats,
+    op: str = "fsdp.chunk_cat_mixed_dtype",
+    strict: bool = False,
+    verify: bool = False,
+) -> None:
+    """torch 2.15's FSDP2 reduce-scatter copy-in, ``fsdp::chunk_cat_mixed_dtype`` (each input cast to
+    ``out``'s dtype, then ``_chunk_cat``), through csrc/fsdp_copies.h, else the op's own kernel.
+    Called from the debugging mode's handler, below the op's ADInplaceOrView kernel, which moves
+    ``out``'s version counter: nothing here does."""
+    module = _native.module()
+    start = time.perf_counter()
+    ref = None
+    if verify:
+        ref = _reference([out])
+        with _inside():
+            torch.ops.fsdp.chunk_cat_mixed_dtype(list(tensors), dim, num_chunks, out=ref[0])
+    with _inside():
+        v = module.chunk_cat_mixed_dtype(list(tensors), dim, num_chunks, out, strict)
     _checked(op, v, stats, start)
     if ref is not None:
         _compare(op, [out], ref)

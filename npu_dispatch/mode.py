@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import threading
 import weakref
 
@@ -33,6 +34,9 @@ FSDP_SCHEMAS = {
     "split_with_sizes_copy": "fsdp::split_with_sizes_copy(Tensor all_gather_output, SymInt[] "
                              "all_gather_input_split_sizes, int dim=0, *, Tensor(a!)[] out) -> ()",
     "chunk_cat": "fsdp::chunk_cat(Tensor[] tensors, int dim, int num_chunks, *, Tensor(a!) out) -> ()",
+    # torch 2.15 (torch/csrc/distributed/fsdp/ChunkCat.h): FSDP2's reduce-scatter copy-in there.
+    "chunk_cat_mixed_dtype": "fsdp::chunk_cat_mixed_dtype(Tensor[] tensors, int dim, int num_chunks, *, "
+                             "Tensor(a!) out) -> ()",
 }
 
 
@@ -58,21 +62,36 @@ _TABLE: dict = {}
 # Why the interception kernels are not used in this process (empty: they are), set by _install.
 _NO_INTERCEPTION: list = []
 
-# torch minor versions CI runs the interception kernels on. They rely on dispatcher facts of
-# those versions (no ADInplaceOrView kernel of aten::_foreach_copy_, so its version bumps are the
-# planner's to make; the keys a call meets before BackendSelect): elsewhere the mode takes the
-# Python dispatch-mode path, correct but with a per-op cost (docs/design.md).
-TESTED_TORCH = ("2.13", "2.14")
+# What the interception kernels rely on in this torch, as checked when they were installed
+# (csrc/dispatcher_facts.h): (name, holds, detail) per fact. Empty before the first
+# NpuFastCopyMode() or without the native library.
+FACTS: list = []
+
+# Set to 0 to make NpuFastCopyMode take its Python dispatch-mode path (a debugging aid; the
+# semantic tests run that path this way too).
+INTERCEPTION_ENV = "NPU_DISPATCH_INTERCEPTION"
 
 
 def _interception_refused() -> str | None:
-    """Why this torch cannot take the interception kernels, or None."""
-    version = ".".join(torch.__version__.split("+")[0].split(".")[:2])
-    if version not in TESTED_TORCH:
-        return f"torch {torch.__version__} is not among the versions tested ({', '.join(TESTED_TORCH)})"
-    if torch._C._dispatch_has_kernel_for_dispatch_key("aten::_foreach_copy_", "ADInplaceOrView"):
-        return "aten::_foreach_copy_ has an ADInplaceOrView kernel in this torch (its bumps would double)"
-    return None
+    """Why the interception kernels are not used in this process, or None (also None before the
+    first NpuFastCopyMode(), which decides)."""
+    return _NO_INTERCEPTION[0] if _NO_INTERCEPTION else None
+
+
+def _check_and_install(module, fsdp_served: list) -> str | None:
+    """Checks the dispatcher facts the interception kernels rely on, installs the kernels where
+    they hold and checks a live call; returns why the mode must take its Python path, or None."""
+    if os.environ.get(INTERCEPTION_ENV, "1") == "0":
+        return f"{INTERCEPTION_ENV}=0"
+    facts = [tuple(f) for f in module.static_facts(fsdp_served)]
+    FACTS[:] = facts
+    failing = [f for f in facts if not f[1]]
+    if failing:
+        return f"{failing[0][0]}: {failing[0][2]}"
+    module.install(fsdp_served)
+    live = tuple(module.live_fact())
+    FACTS.append(live)
+    return None if live[1] else f"{live[0]}: {live[2]}"
 
 
 def _install() -> None:
@@ -91,7 +110,7 @@ def _install() -> None:
         torch.ops.npu_dispatch.chunk_cat.default: _chunk_cat,
     }
     fsdp_handlers = {"all_gather_copy_in": _all_gather_copy_in, "split_with_sizes_copy": _split_with_sizes_copy,
-                     "chunk_cat": _chunk_cat}
+                     "chunk_cat": _chunk_cat, "chunk_cat_mixed_dtype": _chunk_cat_mixed_dtype}
     entries = dict(handlers)
     fsdp = _fsdp_ops()
     for name, (op, why) in fsdp.items():
@@ -101,12 +120,12 @@ def _install() -> None:
             log.warning("npu_dispatch: passing fsdp.%s through to stock: %s", name, why)
             entries[op] = None
     module = _native.module()
-    refused = _interception_refused() if module is not None else None
+    served = [name for name, (_, why) in fsdp.items() if why is None]
+    refused = _check_and_install(module, served) if module is not None else None
     if refused is not None:
         log.warning("npu_dispatch: NpuFastCopyMode takes the Python dispatch-mode path (a per-op cost): %s", refused)
         _NO_INTERCEPTION.append(refused)
     elif module is not None:
-        module.install([name for name, (_, why) in fsdp.items() if why is None])
         for name, (_, why) in fsdp.items():
             if why is not None:
                 module.install_passthrough(f"fsdp::{name}", "")
@@ -178,7 +197,7 @@ def _non_blocking(args, kwargs) -> bool:
 
 def _foreach_copy_(mode, op, args, kwargs):
     engine.foreach_copy(args[0], args[1], _non_blocking(args, kwargs), stats=mode.stats, op=op,
-                        strict=mode.strict, verify=mode.verify)
+                        strict=mode.strict, verify=mode.verify, bump=mode.bumps(op))
 
 
 def _foreach_copy(mode, op, args, kwargs):
@@ -199,20 +218,37 @@ def _like(d: torch.Tensor) -> torch.Tensor:
 
 def _all_gather_copy_in(mode, op, args, kwargs):
     bound = list(args) + [kwargs[k] for k in _FSDP_SCHEMA[len(args):]]
+    # Views with autograd metadata where stock's narrow and split make them: ADInplaceOrView in
+    # reach (__torch_dispatch__ gives it back where the caller had it).
     return engine.all_gather_copy_in(*bound, stats=mode.stats, op=op, strict=mode.strict, verify=mode.verify,
-                                     force_views=True)
+                                     bump=mode.bumps(op))
 
 
 def _split_with_sizes_copy(mode, op, args, kwargs):
     src, sizes = args[0], args[1]
     dim = args[2] if len(args) > 2 else kwargs.get("dim", 0)
     engine.split_with_sizes_copy(src, sizes, dim, kwargs["out"], stats=mode.stats, op=op, strict=mode.strict,
-                                 verify=mode.verify)
+                                 verify=mode.verify, bump=mode.bumps(op))
 
 
 def _chunk_cat(mode, op, args, kwargs):
-    engine.chunk_cat(args[0], args[1], args[2], kwargs["out"], stats=mode.stats, op=op, strict=mode.strict,
-                     verify=mode.verify)
+    # Stock's kernel runs with autograd in reach, so _chunk_cat.out raises for an argument that
+    # requires grad; a dispatch mode's handler runs below autograd. The calls this handler issues
+    # (stock's, where the fast path refuses such a call) get autograd back.
+    with _autograd_in_reach():
+        engine.chunk_cat(args[0], args[1], args[2], kwargs["out"], stats=mode.stats, op=op, strict=mode.strict,
+                         verify=mode.verify, bump=mode.bumps(op))
+
+
+def _chunk_cat_mixed_dtype(mode, op, args, kwargs):
+    engine.chunk_cat_mixed_dtype(args[0], args[1], args[2], kwargs["out"], stats=mode.stats, op=op,
+                                 strict=mode.strict, verify=mode.verify)
+
+
+def _autograd_in_reach():
+    include = torch._C._dispatch_tls_local_include_set()
+    exclude = torch._C._dispatch_tls_local_exclude_set().remove(torch._C.DispatchKey.AutogradFunctionality)
+    return torch._C._ForceDispatchKeyGuard(include, exclude)
 
 
 def _infra_mode_below(get=torch._C._get_dispatch_mode, proxy=torch._C._TorchDispatchModeKey.PROXY,
@@ -234,10 +270,34 @@ class _DebugMode(TorchDispatchMode):
         self.stats = owner.stats
         self.strict = owner.strict
         self.verify = owner.verify
+        # Whether stock's call would bump the destinations: this handler runs with ADInplaceOrView
+        # excluded whatever the caller did, so a kernel at that key notes it (csrc/intercept.h).
+        module = _native.module()
+        self._in_reach = module.in_reach_modes if module is not None else None
+        self._marked = set()
+        if module is not None:
+            for _, (op, _, name) in list(_TABLE.items()):
+                if op.namespace in ("aten", "fsdp") and op._overloadname == "default" and \
+                        module.install_in_reach_marker(f"{op.namespace}::{op._opname}"):
+                    self._marked.add(name)
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
         return True
+
+    def bumps(self, op: str) -> bool | None:
+        """The engine's ``bump`` for ``op``: None (stock's rule where the call is made, read from
+        this thread's dispatch keys, which __torch_dispatch__ sets back to the caller's for a
+        marked op) or, for the library's own ops, True."""
+        return None if op in self._marked else True
+
+    def other_modes(self, op: str) -> bool:
+        """Whether a Python dispatch mode other than the library's own was on the stack when the
+        call was made (and ADInplaceOrView in reach, which the marker needs to see it)."""
+        if op not in self._marked:
+            return False
+        own = sum(1 for m in _entered() if m._entries and isinstance(m._entries[-1], _DebugMode))
+        return self._in_reach() > own
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         entry = _TABLE.get(id(func))
@@ -264,6 +324,18 @@ class _DebugMode(TorchDispatchMode):
                 # copies it issues come back to this mode.
                 return NotImplemented
             return func(*args, **kwargs)
+        if self.other_modes(name):
+            # Another Python dispatch mode was on the stack at the call: without this one, the
+            # call would reach it, and its handler's own call run below ADInplaceOrView.
+            self.stats.record_passthrough(name, "dispatch_mode", _pairs(args))
+            return func(*args, **kwargs)
+        if name in self._marked and self._in_reach() >= 0:
+            # The caller had ADInplaceOrView in reach: so does the work done for it here, as at
+            # BackendSelect where the C++ interception serves the call (views, version bumps).
+            include = torch._C._dispatch_tls_local_include_set()
+            exclude = torch._C._dispatch_tls_local_exclude_set().remove(torch._C.DispatchKey.ADInplaceOrView)
+            with torch._C._ForceDispatchKeyGuard(include, exclude):
+                return handler(self, name, args, kwargs)
         return handler(self, name, args, kwargs)
 
 

@@ -14,6 +14,30 @@ from hypothesis import strategies as st
 import npu_dispatch as nd
 
 
+# The Python dispatch-mode path (npu_dispatch/mode.py) instead of the C++ interception: what
+# tests/test_python_path.py runs the semantic tests under. Tests of the interception's own
+# mechanics (which kernel ran, no mode pushed, what each path counts) skip there.
+PYTHON_PATH = __import__("os").environ.get("NPU_DISPATCH_INTERCEPTION") == "0"
+interception_only = __import__("pytest").mark.skipif(
+    PYTHON_PATH, reason="checks the C++ interception's own mechanics; this run takes the Python dispatch-mode path")
+
+
+def _reduce_scatter_copy_in() -> str:
+    """The op FSDP2 of this torch issues for its reduce-scatter copy-in: fsdp.chunk_cat_mixed_dtype
+    from torch 2.15 (fsdp.chunk_cat is kept there but not called), fsdp.chunk_cat before."""
+    import importlib
+
+    import torch
+
+    if not torch.distributed.is_available():
+        return "fsdp.chunk_cat"
+    importlib.import_module("torch.distributed.fsdp._fully_shard._fsdp_collectives")
+    return "fsdp.chunk_cat_mixed_dtype" if hasattr(torch.ops.fsdp, "chunk_cat_mixed_dtype") else "fsdp.chunk_cat"
+
+
+RS_COPY_IN = _reduce_scatter_copy_in()
+
+
 # ---- the entries compared with stock ----------------------------------------------------------
 
 
@@ -49,9 +73,11 @@ DTYPES = FLOATS + INTS + OTHERS
 LAYOUTS = ["contiguous", "transposed", "strided", "channels_last", "broadcast", "size1_strides"]
 
 # Bit patterns that must survive exactly: NaN payloads (quiet, signalling, negative), -0.0,
-# subnormals, infinities.
+# subnormals, infinities; for fp32, values halfway between two bf16 (rounding ties, to even down
+# and up).
 _SPECIAL_BITS = {
-    4: [0x7FC00000, 0x7F800001, 0xFFC12345, 0x7FA5A5A5, 0x80000000, 0x00000001, 0x807FFFFF, 0x7F800000, 0xFF800000],
+    4: [0x7FC00000, 0x7F800001, 0xFFC12345, 0x7FA5A5A5, 0x80000000, 0x00000001, 0x807FFFFF, 0x7F800000, 0xFF800000,
+        0x3F808000, 0x3F818000, 0xC0808000],
     2: [0x7E00, 0x7C01, 0xFE5A, 0x7FC1, 0xFFC0, 0x8000, 0x0001, 0x83FF, 0x7F80, 0xFF80],
     8: [0x7FF8000000000001, 0xFFF0000000000123, 0x8000000000000000, 0x0000000000000001, 0x7FF0000000000000],
 }

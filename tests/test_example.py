@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+from cases import RS_COPY_IN
+
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "examples", "fsdp_train.py")
 
 
@@ -25,14 +27,14 @@ def test_fsdp2_training_is_bitwise_equal_after_every_step_and_takes_the_fast_pat
     # All four copies of each all-gather group take the fast path.
     assert by_op["aten._foreach_copy_"] > 0 and by_op["fsdp.all_gather_copy_in"] > 0
     assert by_op["fsdp.split_with_sizes_copy"] == result["calls_by_op"]["fsdp.split_with_sizes_copy"] > 0
-    assert by_op["fsdp.chunk_cat"] == result["calls_by_op"]["fsdp.chunk_cat"] > 0
+    assert by_op[RS_COPY_IN] == result["calls_by_op"][RS_COPY_IN] > 0
     assert result["fallback_calls"] == 0
     # FSDP's copy-in of adjacent bf16 splits is one flat copy per all-gather.
     assert result["paths"]["coalesced"]["calls"] == by_op["fsdp.all_gather_copy_in"]
     assert result["step_seconds_stock"] > 0 and result["step_seconds_fast"] > 0
     assert abs(result["step_speedup"] - result["step_seconds_stock"] / result["step_seconds_fast"]) < 1e-9
     assert set(result["copy_ms_stock"]) == set(result["copy_ms_fast"]) == {
-        "aten::_foreach_copy_", "fsdp::all_gather_copy_in", "fsdp::split_with_sizes_copy", "fsdp::chunk_cat"}
+        "aten::_foreach_copy_", "fsdp::all_gather_copy_in", "fsdp::split_with_sizes_copy", RS_COPY_IN.replace(".", "::")}
     assert all(v > 0 for v in result["copy_ms_stock"].values())
 
 

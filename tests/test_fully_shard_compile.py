@@ -24,6 +24,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from npu_dispatch import _native
+from cases import RS_COPY_IN
 from test_fsdp import _bits, _grads, _params, _same  # the bitwise comparisons of the eager FSDP2 test
 
 if not dist.is_available():
@@ -41,7 +42,7 @@ COPY_TARGETS = ("fsdp", "_foreach_copy", "all_gather_copy_in", "split_with_sizes
 # The copies the mode must serve on every step: the cast and the copy-in at least (the copy-out
 # and the reduce-scatter copy-in also where this torch's FSDP2 issues them: see _served_ops).
 REQUIRED_OPS = ("aten._foreach_copy_", "fsdp.all_gather_copy_in")
-OPTIONAL_OPS = ("fsdp.split_with_sizes_copy", "fsdp.chunk_cat")
+OPTIONAL_OPS = ("fsdp.split_with_sizes_copy", RS_COPY_IN)
 
 
 # ---- what runs in the spawned ranks -----------------------------------------------------------
@@ -226,7 +227,7 @@ def test_every_step_the_mode_serves_the_copies_without_fallback(run):
             # out) in forward and again in backward, and its gradients reduce-scattered once; the
             # root holds no parameters of its own.
             expected = {"aten._foreach_copy_": 2 * BLOCKS, "fsdp.all_gather_copy_in": 2 * BLOCKS,
-                        "fsdp.split_with_sizes_copy": 2 * BLOCKS, "fsdp.chunk_cat": BLOCKS}
+                        "fsdp.split_with_sizes_copy": 2 * BLOCKS, RS_COPY_IN: BLOCKS}
             assert {op: ops[op]["calls"] for op in served} == {op: expected[op] for op in served}, f"step {k}"
             per_step.append({op: (v["calls"], v["fast_calls"]) for op, v in ops.items()})
         assert all(s == per_step[1] for s in per_step[1:]), f"calls per step changed: {per_step}"

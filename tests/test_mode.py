@@ -12,7 +12,7 @@ from torch.testing._internal.two_tensor import TwoTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import npu_dispatch as nd
-from cases import Case, Pair, assert_same, bits, build, cases, mode_copy, run, stock_copy
+from cases import Case, interception_only, Pair, assert_same, bits, build, cases, mode_copy, run, stock_copy
 
 f32, bf16 = torch.float32, torch.bfloat16
 
@@ -192,6 +192,7 @@ def test_strict_raises_naming_the_reason_before_writing():
         torch._foreach_copy_([torch.zeros(3)], [torch.ones(3)])
 
 
+@interception_only
 def test_subclass_inner_copy_reaches_fast_path():
     a = TwoTensor(torch.zeros(6), torch.zeros(6))
     b = TwoTensor(torch.arange(6.0), torch.arange(6.0) * 2)
@@ -281,6 +282,7 @@ def _traced_copy_in(inputs, out):
     return torch.ops.fsdp.all_gather_copy_in(inputs, out, [3, 5], 8, 1)
 
 
+@interception_only
 @pytest.mark.parametrize("op", ["foreach_copy_", "all_gather_copy_in"])
 def test_make_fx_real_under_the_mode_records_the_op(op):
     # make_fx's proxy mode acts at the Python key, before the mode's kernels at BackendSelect: the
@@ -313,6 +315,7 @@ def test_make_fx_real_under_the_mode_records_the_op(op):
     assert all(torch.equal(bits(a), bits(b)) for a, b in zip(leaves(out), leaves(want)))
 
 
+@interception_only
 @pytest.mark.parametrize("infra", ["functional", "fake"])
 def test_plain_tensors_under_an_infra_mode_meet_stock(infra):
     # Plain tensors while functionalization or a FakeTensorMode is set: stock copies (functional)

@@ -402,19 +402,20 @@ def test_whole_call_reasons():
 
 
 @pytest.mark.parametrize("entry", [direct_copy, op_copy, mode_copy], ids=lambda f: f.__name__)
-def test_zero_dim_nan_cast_after_an_empty_cast_matches_stock(entry):
-    # Stock writes 0xffff here and 0x7fc0 for the 0-dim copy alone: its bits depend on the
-    # copies before it, so the whole call runs as stock's copy_ loop.
+def test_zero_dim_nan_cast_after_an_empty_cast_writes_the_defined_nan(entry):
+    # Stock writes 0xffff here and 0x7fc0 for the 0-dim copy alone: its bits follow stale stack
+    # memory (docs/stock_quirks.md). The whole call runs as stock's copy_ loop, which writes
+    # c10::BFloat16's 0x7fc0 for that NaN whatever ran before.
     def make():
         nan = torch.tensor(0x7FC00000, dtype=torch.int32).view(f32)
         return [torch.zeros(0, dtype=bf16), torch.zeros((), dtype=bf16)], [torch.zeros(0), nan]
 
     d, s = make()
     torch._foreach_copy_(d, s)
-    want = bits(d[1])
+    assert int(d[1].view(torch.int16)) & 0xFFFF in (0x7FC0, 0xFFFF)  # stock: either
     d, s = make()
     entry(d, s)
-    assert torch.equal(bits(d[1]), want)
+    assert int(d[1].view(torch.int16)) & 0xFFFF == 0x7FC0
 
 
 # ---- strict, verify, stats, registration ------------------------------------------------------

@@ -206,7 +206,8 @@ def launches_by_op() -> Iterator[LaunchesByOp]:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     labels = {"aten._foreach_copy_.default": "cast", "fsdp.all_gather_copy_in.default": "copy_in",
-              "fsdp.split_with_sizes_copy.default": "copy_out", "fsdp.chunk_cat.default": "chunk_cat"}
+              "fsdp.split_with_sizes_copy.default": "copy_out", "fsdp.chunk_cat.default": "chunk_cat",
+              "fsdp.chunk_cat_mixed_dtype.default": "chunk_cat"}  # torch 2.15's reduce-scatter copy-in
     result = LaunchesByOp()
     ext = _require()
     lock = threading.Lock()
