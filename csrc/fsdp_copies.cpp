@@ -342,29 +342,17 @@ void wait_for(const std::atomic<int>& flag) {
   }
 }
 
-}  // namespace
-
-std::optional<std::vector<int64_t>> chunk_cat(at::TensorList tensors, int64_t dim, int64_t num_chunks,
-                                              const at::Tensor& out, bool strict, bool bump, bool split_checks,
-                                              Kind* why) {
-  RECORD_FUNCTION("npu_dispatch::chunk_cat", std::vector<c10::IValue>());
-  (void)strict;  // every call served is one kernel pass: nothing for strict to refuse
-  const auto n = static_cast<int64_t>(tensors.size());
-  *why = Kind::MayRaise;
-  // num_chunks bounded so that (size + num_chunks - 1) cannot overflow.
-  if (n == 0 || num_chunks < 1 || num_chunks > (int64_t{1} << 40) || !plain(out)) return std::nullopt;
-  const auto& t0 = tensors[0];
-  const auto in_dt = t0.scalar_type(), out_dt = out.scalar_type();
+// chunk_cat's checks for a list led by t0 (dim already checked against t0's dims), with
+// GradMode's state as `grad_mode` (false where the op runs below autograd).
+ChunkCheck chunk_check(const at::Tensor& t0, const at::Tensor& out, int64_t dim, int64_t num_chunks, bool grad_mode) {
   const int64_t nd0 = t0.dim();
-  // A dim past t0's dims: stock raises for t0 (and lead below holds only t0's nd0 sizes).
-  if (nd0 == 0 || dim < -nd0 || dim >= nd0 || !copy_dtype(in_dt)) return std::nullopt;
   const int64_t wrapped = dim < 0 ? dim + nd0 : dim;
   const bool pow2 = (num_chunks & (num_chunks - 1)) == 0;  // FSDP2's world sizes usually are
   ChunkCheck c{t0.dtype(),
                static_cast<int64_t>(t0.dtype().itemsize()),
                out.device(),
                out.device().is_cpu(),
-               c10::GradMode::is_enabled(),
+               grad_mode,
                pow2,
                pow2 ? __builtin_ctzll(static_cast<unsigned long long>(num_chunks)) : 0,
                dim,
@@ -376,22 +364,81 @@ std::optional<std::vector<int64_t>> chunk_cat(at::TensorList tensors, int64_t di
                span_of(out),  // only out is written: inputs may overlap each other, not out
                subclass_or_lazy_keys()};
   for (const int64_t s : c.lead) c.pre *= s;
-  // One dtype, or a widening float cast: any other cast is cat_out's to check (it refuses what
-  // cannot be cast) and to round (its NaN bits are not copy_'s).
-  const bool cast_ok = in_dt == out_dt || (at::isFloatingType(in_dt) && at::isFloatingType(out_dt) &&
-                                           c10::elementSize(out_dt) > c10::elementSize(in_dt));
-  // The CPU kernel where the device's capability is a host pass. Elsewhere the device's own op is
-  // one call (a zero fill, the pad copies and one cat under stock); its pieces through the planner
-  // would issue more launches than that. A whole_list_only device (CUDA) has a kernel of its own.
-  std::optional<Kind> late;
-  const auto caps = current_capabilities();
-  const Capability* cap = caps->get(c.device.type());
-  ChunkCatKernel kernel;
-  if (cap == nullptr || cap->whole_list || !cap->host_pass) {
-    late = cap != nullptr && cap->whole_list ? Kind::WholeListRoute : Kind::NoCapability;
-  } else if (!kernel.init(in_dt, out_dt)) {
-    late = Kind::Dtype;
+  return c;
+}
+
+// The call-level preconditions before any tensor is read: num_chunks bounded so that
+// (size + num_chunks - 1) cannot overflow, a plain out, a dim within t0's dims (past them stock
+// raises for t0, and the check's lead holds only t0's sizes).
+bool chunk_call_ok(at::TensorList tensors, int64_t dim, int64_t num_chunks, const at::Tensor& out) {
+  if (tensors.empty() || !tensors[0].defined() || num_chunks < 1 || num_chunks > (int64_t{1} << 40) || !plain(out)) {
+    return false;
   }
+  const int64_t nd0 = tensors[0].dim();
+  return nd0 > 0 && dim >= -nd0 && dim < nd0;
+}
+
+// One dtype, or a widening float cast: any other cast is cat_out's to check (it refuses what
+// cannot be cast) and to round (its NaN bits are not copy_'s).
+bool widening_or_same(c10::ScalarType in_dt, c10::ScalarType out_dt) {
+  return in_dt == out_dt || (at::isFloatingType(in_dt) && at::isFloatingType(out_dt) &&
+                             c10::elementSize(out_dt) > c10::elementSize(in_dt));
+}
+
+// The CPU kernel where the device's capability is a host pass. Elsewhere the device's own op is
+// one call (a zero fill, the pad copies and one cat under stock); its pieces through the planner
+// would issue more launches than that. A whole_list_only device (CUDA) has a kernel of its own.
+std::optional<Kind> no_host_pass(const c10::Device& device) {
+  const auto caps = current_capabilities();
+  const Capability* cap = caps->get(device.type());
+  if (cap == nullptr || cap->whole_list || !cap->host_pass) {
+    return cap != nullptr && cap->whole_list ? Kind::WholeListRoute : Kind::NoCapability;
+  }
+  return std::nullopt;
+}
+
+// out's elements written by one kernel pass over `layout`: serially up to the serial threshold of
+// bytes moved, else split across threads by out's bytes.
+void write_pass(const ChunkCatKernel& kernel, const ChunkCatLayout& layout, int64_t out_numel, int64_t oes,
+                int64_t moved, bool stream) {
+  if (moved <= kSerialMovedBytes) {
+    kernel.write(layout, 0, out_numel, stream);
+  } else {
+    at::parallel_for(0, out_numel, std::max<int64_t>(1, kCopyGrainBytes / oes),
+                     [&](int64_t lo, int64_t hi) { kernel.write(layout, lo, hi, stream); });
+  }
+}
+
+// A served chunk_cat's count vector, after its kernel counters and out's bump (with `bump`).
+std::vector<int64_t> chunk_cat_served(int64_t pairs, const at::Tensor& out, int64_t passes, bool stream, bool bump) {
+  ChunkCatKernel::count(pairs, static_cast<int64_t>(out.nbytes()), stream);
+  if (bump) out.unsafeGetTensorImpl()->bump_version();
+  std::vector<int64_t> v(kCountsLen, 0);
+  v[0] = kExecuted | kBumped;
+  v[path_slot(kForeach, 0)] = pairs;
+  v[path_slot(kForeach, 1)] = static_cast<int64_t>(out.nbytes());
+  v[path_slot(kForeach, 2)] = passes;
+  return v;
+}
+
+}  // namespace
+
+std::optional<std::vector<int64_t>> chunk_cat(at::TensorList tensors, int64_t dim, int64_t num_chunks,
+                                              const at::Tensor& out, bool strict, bool bump, bool split_checks,
+                                              Kind* why) {
+  RECORD_FUNCTION("npu_dispatch::chunk_cat", std::vector<c10::IValue>());
+  (void)strict;  // every call served is one kernel pass: nothing for strict to refuse
+  const auto n = static_cast<int64_t>(tensors.size());
+  *why = Kind::MayRaise;
+  if (!chunk_call_ok(tensors, dim, num_chunks, out)) return std::nullopt;
+  const auto& t0 = tensors[0];
+  const auto in_dt = t0.scalar_type(), out_dt = out.scalar_type();
+  if (!copy_dtype(in_dt)) return std::nullopt;
+  const ChunkCheck c = chunk_check(t0, out, dim, num_chunks, c10::GradMode::is_enabled());
+  const bool cast_ok = widening_or_same(in_dt, out_dt);
+  ChunkCatKernel kernel;
+  std::optional<Kind> late = no_host_pass(c.device);
+  if (!late && !kernel.init(in_dt, out_dt)) late = Kind::Dtype;
   ChunkScan scan;  // out's part of the findings
   scan.grad = c.grad_mode && out.requires_grad();
   scan.contiguous = out.is_contiguous();
@@ -451,26 +498,14 @@ std::optional<std::vector<int64_t>> chunk_cat(at::TensorList tensors, int64_t di
       const int64_t moved = scan.in_numel * c.elem + out_numel * oes;
       stream = kernel.streams(moved);
       RECORD_FUNCTION("npu_dispatch::cpu_kernel", std::vector<c10::IValue>());
-      if (moved <= kSerialMovedBytes) {
-        kernel.write(layout, 0, out_numel, stream);
-      } else {
-        at::parallel_for(0, out_numel, std::max<int64_t>(1, kCopyGrainBytes / oes),
-                         [&](int64_t lo, int64_t hi) { kernel.write(layout, lo, hi, stream); });
-      }
+      write_pass(kernel, layout, out_numel, oes, moved, stream);
     }
   }
   if (refusal) {
     *why = *refusal;
     return std::nullopt;
   }
-  ChunkCatKernel::count(scan.pairs, out_numel * oes, stream);
-  if (bump) out.unsafeGetTensorImpl()->bump_version();
-  std::vector<int64_t> v(kCountsLen, 0);
-  v[0] = kExecuted | kBumped;
-  v[path_slot(kForeach, 0)] = scan.pairs;
-  v[path_slot(kForeach, 1)] = static_cast<int64_t>(out.nbytes());
-  v[path_slot(kForeach, 2)] = 1;
-  return v;
+  return chunk_cat_served(scan.pairs, out, 1, stream, bump);
 }
 
 }  // namespace npu_dispatch
@@ -487,26 +522,12 @@ std::optional<std::vector<int64_t>> chunk_cat_mixed_dtype(at::TensorList tensors
   for (const auto& t : tensors) mixed = mixed || !t.defined() || t.scalar_type() != tensors[0].scalar_type();
   // One dtype: upstream's kernel is _chunk_cat.out itself.
   if (!mixed) return chunk_cat(tensors, dim, num_chunks, out, strict, bump, /*split_checks=*/false, why);
-  if (num_chunks < 1 || num_chunks > (int64_t{1} << 40) || !plain(out)) return std::nullopt;
-  const auto& t0 = tensors[0];
-  const int64_t nd0 = t0.dim();
-  if (nd0 == 0 || dim < -nd0 || dim >= nd0) return std::nullopt;
-  const int64_t wrapped = dim < 0 ? dim + nd0 : dim;
+  if (!chunk_call_ok(tensors, dim, num_chunks, out)) return std::nullopt;
   const auto out_dt = out.scalar_type();
-  const bool pow2 = (num_chunks & (num_chunks - 1)) == 0;
   // Upstream casts each input to out's dtype, then runs _chunk_cat.out, all below autograd (its
   // op has no autograd kernel): no out= autograd check, so grad_mode is off here.
-  ChunkCheck c{t0.dtype(), static_cast<int64_t>(t0.dtype().itemsize()), out.device(), out.device().is_cpu(),
-               /*grad_mode=*/false, pow2, pow2 ? __builtin_ctzll(static_cast<unsigned long long>(num_chunks)) : 0,
-               dim, wrapped, nd0, num_chunks, 1, t0.sizes().slice(0, wrapped), span_of(out),
-               subclass_or_lazy_keys()};
-  for (const int64_t s : c.lead) c.pre *= s;
-  std::optional<Kind> late;
-  const auto caps = current_capabilities();
-  const Capability* cap = caps->get(c.device.type());
-  if (cap == nullptr || cap->whole_list || !cap->host_pass) {
-    late = cap != nullptr && cap->whole_list ? Kind::WholeListRoute : Kind::NoCapability;
-  }
+  ChunkCheck c = chunk_check(tensors[0], out, dim, num_chunks, /*grad_mode=*/false);
+  std::optional<Kind> late = no_host_pass(c.device);
   // One pass per input dtype, each writing its inputs' regions of every out row (the kernel
   // upstream runs once per input dtype on CUDA too); each a byte copy or a widening cast.
   std::vector<c10::ScalarType> dtypes;
@@ -525,9 +546,7 @@ std::optional<std::vector<int64_t>> chunk_cat_mixed_dtype(at::TensorList tensors
     if (std::find(dtypes.begin(), dtypes.end(), dt) == dtypes.end()) {
       dtypes.push_back(dt);
       kernels.emplace_back();
-      const bool widening = dt == out_dt || (at::isFloatingType(dt) && at::isFloatingType(out_dt) &&
-                                             c10::elementSize(out_dt) > c10::elementSize(dt));
-      cast_ok = cast_ok && copy_dtype(dt) && widening;
+      cast_ok = cast_ok && copy_dtype(dt) && widening_or_same(dt, out_dt);
       if (!late && cast_ok && !kernels.back().init(dt, out_dt)) late = Kind::Dtype;
     }
     c.meta = t.dtype();
@@ -550,24 +569,11 @@ std::optional<std::vector<int64_t>> chunk_cat_mixed_dtype(at::TensorList tensors
     for (int64_t k = 0; k < n; ++k) {
       if (tensors[k].scalar_type() == dtypes[g]) layout.sources.push_back(sources[k]);
     }
-    const ChunkCatKernel& kernel = kernels[g];
-    const bool streamed = kernel.streams(moved);
+    const bool streamed = kernels[g].streams(moved);
     stream = stream || streamed;
-    if (moved <= kSerialMovedBytes) {
-      kernel.write(layout, 0, out_numel, streamed);
-    } else {
-      at::parallel_for(0, out_numel, std::max<int64_t>(1, kCopyGrainBytes / oes),
-                       [&](int64_t lo, int64_t hi) { kernel.write(layout, lo, hi, streamed); });
-    }
+    write_pass(kernels[g], layout, out_numel, oes, moved, streamed);
   }
-  ChunkCatKernel::count(scan.pairs, out_numel * oes, stream);
-  if (bump) out.unsafeGetTensorImpl()->bump_version();
-  std::vector<int64_t> v(kCountsLen, 0);
-  v[0] = kExecuted | kBumped;
-  v[path_slot(kForeach, 0)] = scan.pairs;
-  v[path_slot(kForeach, 1)] = static_cast<int64_t>(out.nbytes());
-  v[path_slot(kForeach, 2)] = static_cast<int64_t>(dtypes.size());
-  return v;
+  return chunk_cat_served(scan.pairs, out, static_cast<int64_t>(dtypes.size()), stream, bump);
 }
 
 }  // namespace npu_dispatch

@@ -124,13 +124,12 @@ void fsdp_split_with_sizes_copy(c10::DispatchKeySet ks, const at::Tensor& src, c
   s->stats->record(kOpFsdpSplitWithSizesCopy, *counts, now_ns() - t0);
 }
 
-using ChunkCatFn = void(at::TensorList, int64_t, int64_t, const at::Tensor&);
-
-// FSDP2's reduce-scatter copy-in (fsdp_copies.h); refused calls go on to FSDP's kernel unchanged.
-void fsdp_chunk_cat(c10::DispatchKeySet ks, at::TensorList tensors, int64_t dim, int64_t num_chunks,
-                    const at::Tensor& out) {
+// The reduce-scatter copy-in kernels' shared body: `serve` is the op's fsdp_copies.h entry, and a
+// call it refuses goes on to the op's own kernel unchanged.
+template <typename Fn, typename Out, typename Serve>
+void serve_chunk_cat(const c10::TypedOperatorHandle<Fn>& op, CountedOp counted, c10::DispatchKeySet ks,
+                     at::TensorList tensors, int64_t dim, int64_t num_chunks, Out& out, Serve serve) {
   ModeScope* s = serving(&out);
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("fsdp::chunk_cat", "").typed<ChunkCatFn>();
   if (s == nullptr) {
     op.redispatch(ks & kAfterBackendSelect, tensors, dim, num_chunks, out);
     return;
@@ -138,36 +137,36 @@ void fsdp_chunk_cat(c10::DispatchKeySet ks, at::TensorList tensors, int64_t dim,
   if (s->probe) return;
   const int64_t t0 = now_ns();
   Kind why = Kind::MayRaise;
-  auto counts = chunk_cat(tensors, dim, num_chunks, out, false, bumps_here(), /*split_checks=*/false, &why);
+  auto counts = serve(&why);
   if (!counts) {
     op.redispatch(ks & kAfterBackendSelect, tensors, dim, num_chunks, out);
     counts = stock_counts(why, std::max<int64_t>(static_cast<int64_t>(tensors.size()), 1), total_bytes({out}));
   }
-  s->stats->record(kOpFsdpChunkCat, *counts, now_ns() - t0);
+  s->stats->record(counted, *counts, now_ns() - t0);
 }
 
-// torch 2.15's FSDP2 reduce-scatter copy-in (fsdp_copies.h); refused calls go on to its own kernel.
+using ChunkCatFn = void(at::TensorList, int64_t, int64_t, const at::Tensor&);
+
+// FSDP2's reduce-scatter copy-in (fsdp_copies.h).
+void fsdp_chunk_cat(c10::DispatchKeySet ks, at::TensorList tensors, int64_t dim, int64_t num_chunks,
+                    const at::Tensor& out) {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("fsdp::chunk_cat", "").typed<ChunkCatFn>();
+  serve_chunk_cat(op, kOpFsdpChunkCat, ks, tensors, dim, num_chunks, out, [&](Kind* why) {
+    return chunk_cat(tensors, dim, num_chunks, out, false, bumps_here(), /*split_checks=*/false, why);
+  });
+}
+
 // (A C++ op: its kernels take out as Tensor&, and every kernel's signature must match.)
 using ChunkCatMixedFn = void(at::TensorList, int64_t, int64_t, at::Tensor&);
 
+// torch 2.15's FSDP2 reduce-scatter copy-in (fsdp_copies.h).
 void fsdp_chunk_cat_mixed_dtype(c10::DispatchKeySet ks, at::TensorList tensors, int64_t dim, int64_t num_chunks,
                                 at::Tensor& out) {
-  ModeScope* s = serving(&out);
   static const auto op =
       c10::Dispatcher::singleton().findSchemaOrThrow("fsdp::chunk_cat_mixed_dtype", "").typed<ChunkCatMixedFn>();
-  if (s == nullptr) {
-    op.redispatch(ks & kAfterBackendSelect, tensors, dim, num_chunks, out);
-    return;
-  }
-  if (s->probe) return;
-  const int64_t t0 = now_ns();
-  Kind why = Kind::MayRaise;
-  auto counts = chunk_cat_mixed_dtype(tensors, dim, num_chunks, out, false, bumps_here(), &why);
-  if (!counts) {
-    op.redispatch(ks & kAfterBackendSelect, tensors, dim, num_chunks, out);
-    counts = stock_counts(why, std::max<int64_t>(static_cast<int64_t>(tensors.size()), 1), total_bytes({out}));
-  }
-  s->stats->record(kOpFsdpChunkCatMixedDtype, *counts, now_ns() - t0);
+  serve_chunk_cat(op, kOpFsdpChunkCatMixedDtype, ks, tensors, dim, num_chunks, out, [&](Kind* why) {
+    return chunk_cat_mixed_dtype(tensors, dim, num_chunks, out, false, bumps_here(), why);
+  });
 }
 
 // Which counted op a passthrough op's calls go under.

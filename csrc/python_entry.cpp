@@ -35,7 +35,7 @@
 namespace {
 
 // Bumped whenever this module's functions or the count layouts change (_native.py checks it).
-constexpr int64_t kAbiVersion = 13;
+constexpr int64_t kAbiVersion = 14;
 
 // Strong references to the list items for the whole call: another thread may mutate the lists
 // while the GIL is released.
@@ -342,6 +342,16 @@ PyObject* split_with_sizes_copy(PyObject* /*self*/, PyObject* const* args, Py_ss
   END_HANDLE_TH_ERRORS
 }
 
+// The (tensors, dim, num_chunks, out) leading both reduce-scatter copy-in entries' arguments.
+bool chunk_cat_args(PyObject* const* args, PyRefs* refs, npu_dispatch::BorrowedTensors* tensors, int64_t* dim,
+                    int64_t* num_chunks, at::Tensor* out) {
+  if (!unpack(args[0], "tensors", refs, tensors) || !one_tensor(args[3], "out", out)) return false;
+  *dim = PyLong_AsLongLong(args[1]);
+  if (*dim == -1 && PyErr_Occurred()) return false;
+  *num_chunks = PyLong_AsLongLong(args[2]);
+  return !(*num_chunks == -1 && PyErr_Occurred());
+}
+
 // chunk_cat(tensors, dim, num_chunks, out, strict, bump: bool | None) -> tuple of ints
 // (execute.h): fsdp_copies.h, else aten::_chunk_cat.out.
 PyObject* chunk_cat(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
@@ -350,11 +360,8 @@ PyObject* chunk_cat(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs)
   PyRefs refs;
   npu_dispatch::BorrowedTensors tensors;
   at::Tensor out;
-  if (!unpack(args[0], "tensors", &refs, &tensors) || !one_tensor(args[3], "out", &out)) return nullptr;
-  const int64_t dim = PyLong_AsLongLong(args[1]);
-  if (dim == -1 && PyErr_Occurred()) return nullptr;
-  const int64_t num_chunks = PyLong_AsLongLong(args[2]);
-  if (num_chunks == -1 && PyErr_Occurred()) return nullptr;
+  int64_t dim = 0, num_chunks = 0;
+  if (!chunk_cat_args(args, &refs, &tensors, &dim, &num_chunks, &out)) return nullptr;
   const bool strict = PyObject_IsTrue(args[4]) == 1;
   const bool bump = bump_arg(args[5]);
   return to_tuple(serve_or_stock(
@@ -380,11 +387,8 @@ PyObject* chunk_cat_mixed_dtype(PyObject* /*self*/, PyObject* const* args, Py_ss
   PyRefs refs;
   npu_dispatch::BorrowedTensors tensors;
   at::Tensor out;
-  if (!unpack(args[0], "tensors", &refs, &tensors) || !one_tensor(args[3], "out", &out)) return nullptr;
-  const int64_t dim = PyLong_AsLongLong(args[1]);
-  if (dim == -1 && PyErr_Occurred()) return nullptr;
-  const int64_t num_chunks = PyLong_AsLongLong(args[2]);
-  if (num_chunks == -1 && PyErr_Occurred()) return nullptr;
+  int64_t dim = 0, num_chunks = 0;
+  if (!chunk_cat_args(args, &refs, &tensors, &dim, &num_chunks, &out)) return nullptr;
   const bool strict = PyObject_IsTrue(args[4]) == 1;
   return to_tuple(serve_or_stock(
       strict, std::max<int64_t>(static_cast<int64_t>(tensors.size()), 1),
@@ -529,17 +533,37 @@ PyObject* scope_drain(PyObject* /*self*/, PyObject* const* args, Py_ssize_t narg
   END_HANDLE_TH_ERRORS
 }
 
+// stock_bumps(dsts) -> bool: whether stock's _foreach_copy_ called here bumps the destinations
+// (copy_call.h): what bump=None means, for a caller that plans under another guard.
+PyObject* stock_bumps(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (!arity(nargs, 1, 1, "stock_bumps(dsts)")) return nullptr;
+  PyRefs refs;
+  npu_dispatch::BorrowedTensors dsts;
+  if (!unpack(args[0], "dst", &refs, &dsts)) return nullptr;
+  return PyBool_FromLong(npu_dispatch::stock_bumps(dsts));
+  END_HANDLE_TH_ERRORS
+}
+
+// A Python sequence of str as strings; false with the Python error set.
+bool str_list(PyObject* seq, std::vector<std::string>* out) {
+  for (PyObject* o : py_items(seq)) {
+    const char* s = PyUnicode_AsUTF8(o);
+    if (s == nullptr) return false;
+    out->emplace_back(s);
+  }
+  return true;
+}
+
 // install(fsdp_ops: list[str]) -> None: the interception kernels (intercept.h): the aten ops, and
 // the fsdp:: ops named (those that exist with the schema served here).
 PyObject* install(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
   if (!arity(nargs, 1, 1, "install(fsdp_ops)")) return nullptr;
+  std::vector<std::string> names;
+  if (!str_list(args[0], &names)) return nullptr;
   npu_dispatch::install_aten_interception();
-  for (PyObject* name : py_items(args[0])) {
-    const char* s = PyUnicode_AsUTF8(name);
-    if (s == nullptr) return nullptr;
-    npu_dispatch::install_fsdp_interception(s);
-  }
+  for (const auto& name : names) npu_dispatch::install_fsdp_interception(name);
   Py_RETURN_NONE;
   END_HANDLE_TH_ERRORS
 }
@@ -553,11 +577,7 @@ PyObject* static_facts(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nar
   HANDLE_TH_ERRORS
   if (!arity(nargs, 1, 1, "static_facts(fsdp_ops)")) return nullptr;
   std::vector<std::string> names;
-  for (PyObject* name : py_items(args[0])) {
-    const char* s = PyUnicode_AsUTF8(name);
-    if (s == nullptr) return nullptr;
-    names.emplace_back(s);
-  }
+  if (!str_list(args[0], &names)) return nullptr;
   const auto facts = npu_dispatch::static_facts(names);
   PyObject* out = PyList_New(static_cast<Py_ssize_t>(facts.size()));
   if (out == nullptr) return nullptr;
@@ -658,11 +678,7 @@ PyObject* set_capabilities(PyObject* /*self*/, PyObject* const* args, Py_ssize_t
   std::vector<std::string> names;
   std::vector<int64_t> table;
   std::vector<c10::ScalarType> dtypes;
-  for (PyObject* o : py_items(args[0])) {
-    const char* name = PyUnicode_AsUTF8(o);
-    if (name == nullptr) return nullptr;
-    names.emplace_back(name);
-  }
+  if (!str_list(args[0], &names)) return nullptr;
   for (PyObject* o : py_items(args[1])) {
     const long long v = PyLong_AsLongLong(o);
     if (v == -1 && PyErr_Occurred()) return nullptr;
@@ -710,6 +726,8 @@ PyMethodDef methods[] = {
      "Register the interception kernels."},
     {"chunk_cat_mixed_dtype", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&chunk_cat_mixed_dtype)),
      METH_FASTCALL, "torch 2.15's reduce-scatter copy-in through the fast path; returns the count vector."},
+    {"stock_bumps", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&stock_bumps)), METH_FASTCALL,
+     "Whether stock's _foreach_copy_ called here bumps the destinations."},
     {"static_facts", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&static_facts)), METH_FASTCALL,
      "The dispatcher facts the interception kernels rely on, before installing them."},
     {"live_fact", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&live_fact)), METH_FASTCALL,

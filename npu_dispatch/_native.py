@@ -44,7 +44,7 @@ __all__ = ["load", "available", "status", "build", "module", "planned_op", "dire
 log = logging.getLogger("npu_dispatch")
 
 _BASE_NAME = "npu_dispatch_native"
-_ABI_VERSION = 13
+_ABI_VERSION = 14
 def _build_name(src: Path) -> str:
     """One cache entry per source tree and torch build: two checkouts (or venvs) sharing
     TORCH_EXTENSIONS_DIR would otherwise rebuild over each other on every load."""

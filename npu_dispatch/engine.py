@@ -143,9 +143,8 @@ def _native_verify(planned, dsts, srcs, non_blocking, op, strict, bump) -> tuple
         raise _strict_error(op, p)
     v = None
     if bump is None:
-        # Stock's rule where the call is made, read here: the copies below run under a guard that
-        # excludes ADInplaceOrView.
-        bump = not torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.ADInplaceOrView)
+        # Stock's rule where the call is made (csrc/copy_call.h), read before the guard below.
+        bump = _native.module().stock_bumps(list(dsts))
 
     def run() -> None:
         nonlocal v

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
+import pytest
 import torch
 from hypothesis import strategies as st
 
@@ -17,8 +19,8 @@ import npu_dispatch as nd
 # The Python dispatch-mode path (npu_dispatch/mode.py) instead of the C++ interception: what
 # tests/test_python_path.py runs the semantic tests under. Tests of the interception's own
 # mechanics (which kernel ran, no mode pushed, what each path counts) skip there.
-PYTHON_PATH = __import__("os").environ.get("NPU_DISPATCH_INTERCEPTION") == "0"
-interception_only = __import__("pytest").mark.skipif(
+PYTHON_PATH = os.environ.get("NPU_DISPATCH_INTERCEPTION") == "0"
+interception_only = pytest.mark.skipif(
     PYTHON_PATH, reason="checks the C++ interception's own mechanics; this run takes the Python dispatch-mode path")
 
 
