@@ -2,7 +2,8 @@
 
 ``pip install --no-build-isolation .`` (or ``-e .``) compiles ``csrc/`` into ``npu_dispatch/_C``
 and ``csrc/emulated_npu/`` into ``npu_dispatch/testing/_emulated_npu_C`` (the emulated Ascend
-device) with ``torch.utils.cpp_extension``, printing its progress. Without torch in the build environment
+device) with ``torch.utils.cpp_extension`` (``npu_dispatch/_build.py`` describes both), printing
+its progress (``pip install -v`` shows it). Without torch in the build environment
 (pip's default build isolation), without a compiler, or when the build fails, the package still
 installs: it then builds the extension at first use, or runs every copy as stock
 (``python -m npu_dispatch doctor`` says which, and why).
@@ -10,7 +11,9 @@ installs: it then builds the extension at first use, or runs every copy as stock
 import importlib.util
 import json
 import os
+import shutil
 import sys
+import time
 from pathlib import Path
 
 from setuptools import setup
@@ -18,6 +21,7 @@ from setuptools import setup
 HERE = Path(__file__).resolve().parent
 _spec = importlib.util.spec_from_file_location("_npu_dispatch_build", HERE / "npu_dispatch" / "_build.py")
 build = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = build  # dataclasses look their module up there
 _spec.loader.exec_module(build)
 
 
@@ -37,51 +41,69 @@ def _extension():
              "extension will build at first use; install with --no-build-isolation to build it now")
         return [], {}
     src = HERE / "csrc"
-    omp_cflags, omp_ldflags = build.openmp_flags(torch)
-    # Per extension: the note written beside it, where an editable install keeps it, and its text.
-    notes = {
-        build.EXTENSION: (build.BUILD_INFO, HERE / "npu_dispatch",
-                          {"source_hash": build.source_hash(src), "torch": torch.__version__}),
-        build.EMULATED_NPU_EXTENSION: (build.EMULATED_NPU_BUILD_INFO, HERE / "npu_dispatch" / "testing",
-                                       {"source_hash": build.source_hash(src / "emulated_npu"),
-                                        "torch": torch.__version__}),
-    }
+    by_name = {ext.name: ext for ext in build.EXTENSIONS}
 
     class OptionalBuild(BuildExtension):
-        """Builds each extension and writes what it was built from beside it; a failed build
-        leaves the package without it (the first use says why)."""
+        """Builds each extension (ninja, its steps shown as [k/n]) and writes what it was built
+        from beside it; reuses the library an earlier install left in the source tree when it was
+        built from the same sources for the same torch (a second `pip install -e` in the checkout
+        compiles nothing); a failed build leaves the package without it (the first use says why)."""
 
         def build_extension(self, ext):
-            note, editable_dir, info = notes[ext.name]
-            _say(f"building {ext.name} for torch {torch.__version__}")
+            spec = by_name[ext.name]
+            info = {"source_hash": spec.source_hash(src), "torch": torch.__version__}
+            built = Path(self.get_ext_fullpath(ext.name))
+            in_tree = HERE / "npu_dispatch" / spec.package / built.name
+            note = in_tree.parent / spec.note
+            if in_tree.is_file() and note.is_file() and _read(note) == info:
+                if built.resolve() != in_tree.resolve():
+                    built.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(in_tree, built)
+                    (built.parent / spec.note).write_text(json.dumps(info))
+                _say(f"{ext.name}: reusing the build in {in_tree.parent} (same sources, torch {torch.__version__})")
+                return
+            _say(f"building {ext.name} for torch {torch.__version__} ({len(ext.sources)} files)")
+            start = time.perf_counter()
             try:
                 super().build_extension(ext)
             except Exception as e:  # noqa: BLE001  reported, and the install goes on
                 _say(f"{ext.name} did not build ({type(e).__name__}: {e}); installing without it")
                 return
-            built = Path(self.get_ext_fullpath(ext.name))
-            (built.parent / note).write_text(json.dumps(info))
+            (built.parent / spec.note).write_text(json.dumps(info))
             if self.inplace or getattr(self, "editable_mode", False):
                 # An editable install copies the library into the source tree: the note goes there too.
-                (editable_dir / note).write_text(json.dumps(info))
-            _say(f"built {built.name}")
+                note.write_text(json.dumps(info))
+            _say(f"built {built.name} in {time.perf_counter() - start:.0f} s")
+
+        def copy_extensions_to_source(self):
+            # `build_ext --inplace` builds under build/ and copies each library into the tree: its
+            # note goes with it.
+            super().copy_extensions_to_source()
+            for ext in self.extensions:
+                spec = by_name[ext.name]
+                note = (Path(self.build_lib) / self.get_ext_filename(ext.name)).parent / spec.note
+                if note.is_file():
+                    shutil.copyfile(note, HERE / "npu_dispatch" / spec.package / spec.note)
 
     exts = [
         CppExtension(
-            build.EXTENSION,
+            spec.name,
             optional=True,  # setuptools skips a failed optional build, also when copying an editable one
-            sources=[str(p.relative_to(HERE)) for p in build.sources(src)],
-            extra_compile_args=build.CFLAGS + omp_cflags,
-            extra_link_args=omp_ldflags,
-        ),
-        CppExtension(
-            build.EMULATED_NPU_EXTENSION,
-            optional=True,
-            sources=[str(p.relative_to(HERE)) for p in build.emulated_npu_sources(src)],
-            extra_compile_args=build.EMULATED_NPU_CFLAGS,
-        ),
+            sources=[str(p.relative_to(HERE)) for p in spec.sources(src)],
+            include_dirs=spec.include_dirs(src),
+            extra_compile_args=spec.compile_args(src, torch),
+            extra_link_args=spec.link_args(torch),
+        )
+        for spec in build.EXTENSIONS
     ]
     return exts, {"build_ext": OptionalBuild.with_options(use_ninja=True)}
+
+
+def _read(note: Path):
+    try:
+        return json.loads(note.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 ext_modules, cmdclass = _extension()

@@ -2,7 +2,7 @@
 
     python benchmarks/cuda_copy.py [--out FILE.md]
 
-Workloads are the CPU suite's lists (npu_dispatch.bench.workloads) moved to the GPU. Times come
+Workloads are the CPU suite's lists (benchmarks.workloads) moved to the GPU. Times come
 from torch.utils.benchmark (which synchronizes CUDA around each block); kernel counts from one
 profiled call. On CUDA the fast path is ATen's own fused ``_foreach_copy_`` (multi_tensor_apply),
 so the differences measured here are the host-side cost of getting there, not a faster kernel.
@@ -19,7 +19,7 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils.benchmark import Timer
 
 import npu_dispatch as nd
-from npu_dispatch.bench import workloads as W
+from benchmarks import workloads as W
 
 DEV = torch.device("cuda")
 

@@ -1,5 +1,5 @@
 // Byte copies of separate buffers far beyond the cache, three ways: the kernel's 64 KB memcpy
-// chunks, an AVX2 streaming-store loop (as csrc/stream_copy.cpp), and glibc's memcpy of whole
+// chunks, an AVX2 streaming-store loop (as csrc/cpu/stream_copy.cpp), and glibc's memcpy of whole
 // items (its own streaming path above its threshold). No torch: the harness of the table in
 // docs/notes/profile.md, "Short rounds, and streaming stores beyond the cache".
 //

@@ -7,7 +7,10 @@ the dispatch stack and one step of the other under ``NpuFastCopyMode()``, in tur
 first alternates from step to step). After every step the
 losses, the local gradient shards and the local parameter shards of the two models are compared
 bit for bit. Rank 0 reports the median step time of each and their ratio, the four copies' calls and
-host time per op (one extra profiled step of each, outside the timed ones) and the mode's stats.
+host time per op (one extra profiled step of each, outside the timed ones) and the mode's stats,
+then one verdict line: what the mode served, whether the step got faster or slower (with a 95 %
+bootstrap band of the paired step ratios), and device launches per step on the emulated Ascend
+device against stock (on CPU, one more short run of both models there counts them).
 
     python examples/fsdp_train.py --steps 20 --world-size 2          # CPU, gloo
     python examples/fsdp_train.py --device cuda                      # CUDA, nccl (one GPU per rank)
@@ -22,9 +25,11 @@ counted by op-plugin's rules) one more step of each model is run to count device
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
+import random
 import socket
 import statistics
 import sys
@@ -101,11 +106,27 @@ def compare(stock, fast) -> tuple[bool, bool]:
     return grads, params
 
 
+@contextlib.contextmanager
+def _quiet_stderr():
+    """The process's stderr (fd 2) sent to /dev/null: the profiler's kineto writes a log line of
+    its own there at every start and stop ("USDT: ... profiler_start")."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def profiled_copy_ms(fn) -> dict:
     """Host ms in each FSDP2 copy op during ``fn()``, from torch.profiler (CPU activity). A copy op
     called inside another (stock's ``all_gather_copy_in`` issues a ``_foreach_copy_``) counts
     only in the outer one, so the values add up to the copies' time."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    with _quiet_stderr(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         fn()
     totals = {op: 0.0 for op in COPY_OPS}
     for evt in prof.events():
@@ -297,13 +318,73 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def main(argv=None) -> dict:
-    args = parse_args(argv)
+def _run(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out_path = os.path.join(tmp, "result.json")
         mp.spawn(worker, args=(args.world_size, _free_port(), args, out_path), nprocs=args.world_size)
         with open(out_path) as f:
-            result = json.load(f)
+            return json.load(f)
+
+
+def step_ratio_band(stock: list, fast: list, seed: int = 0) -> tuple[float, float, float]:
+    """``(median, low, high)`` of the timed steps' paired ratios stock / fast (each pair of steps
+    taken in turn): the median, and a 95 % bootstrap interval of it (2,000 resamples, seeded)."""
+    ratios = [a / b for a, b in zip(stock[WARMUP_STEPS:] or stock, fast[WARMUP_STEPS:] or fast)]
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(2000))
+    return statistics.median(ratios), meds[int(0.025 * len(meds))], meds[int(0.975 * len(meds)) - 1]
+
+
+def emulated_launches(args) -> dict | None:
+    """Device launches per training step of each model on the emulated Ascend device (two ranks of
+    ``--device npu --emulate``, one counted step each), or None where the device cannot load."""
+    from npu_dispatch.testing import emulated_npu
+
+    if not emulated_npu.available()[0]:
+        return None
+    npu_args = argparse.Namespace(**{**vars(args), "device": "npu", "emulate": True, "steps": 1,
+                                     "cann": args.cann or emulated_npu.DEFAULT_CANN})
+    # Its process group ("cpu:gloo,npu:emulated_hccl") warns at teardown that the emulated backend
+    # has no hooks: C++ warnings below errors are left out of this extra run's output.
+    level = os.environ.get("TORCH_CPP_LOG_LEVEL")
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+    try:
+        r = _run(npu_args)
+    finally:
+        if level is None:
+            del os.environ["TORCH_CPP_LOG_LEVEL"]
+        else:
+            os.environ["TORCH_CPP_LOG_LEVEL"] = level
+    count = lambda by_op: sum(sum(v.values()) for v in by_op.values())  # noqa: E731
+    return {"stock": count(r["launches_stock"]), "fast": count(r["launches_fast"]), "cann": npu_args.cann,
+            "bitwise_equal": r["bitwise_equal"] and r["grads_equal_every_step"] and r["params_equal_every_step"]}
+
+
+def verdict(result: dict) -> str:
+    """One line: what the mode served, whether the step got faster or slower (with its noise band),
+    and device launches per step on the emulated npu against stock."""
+    exact = result["bitwise_equal"] and result["grads_equal_every_step"] and result["params_equal_every_step"]
+    served = (f"the mode served {result['fast_path_calls']} copy calls on the fast path, "
+              f"{result['fallback_calls']} fell back, bitwise {'equal' if exact else 'DIFFERENT'}")
+    med, lo, hi = result["step_ratio_band"]
+    change = "faster" if lo > 1 else "slower" if hi < 1 else "no measurable change"
+    step = f"step {med:.2f}x of stock's speed ({change}: 95 % band {lo:.2f}x to {hi:.2f}x)"
+    npu = result.get("npu_launches")
+    launches = (f"emulated npu (CANN {npu['cann']}): {npu['stock']} -> {npu['fast']} launches per step"
+                if npu else "emulated npu: not available here")
+    return f"verdict: {served}; {step}; {launches}"
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    result = _run(args)
+    result["step_ratio_band"] = step_ratio_band(result["step_seconds_stock_each"], result["step_seconds_fast_each"])
+    if args.device == "npu" and args.emulate:
+        count = lambda by_op: sum(sum(v.values()) for v in by_op.values())  # noqa: E731
+        result["npu_launches"] = {"stock": count(result["launches_stock"]), "fast": count(result["launches_fast"]),
+                                  "cann": args.cann}
+    elif args.device == "cpu" and not args.json:
+        result["npu_launches"] = emulated_launches(args)
     if args.json:
         print(json.dumps({k: v for k, v in result.items() if k != "report"}))
         return result
@@ -327,6 +408,8 @@ def main(argv=None) -> dict:
             print(f"  {op:<10} stock {a:5d}   fast {b:5d}")
     print(f"\nfast-path calls: {result['fast_path_calls']}, fallback calls: {result['fallback_calls']}\n")
     print(result["report"])
+    print()
+    print(verdict(result))
     return result
 
 

@@ -1,4 +1,4 @@
-"""Command line: ``python -m npu_dispatch doctor|build`` (benchmarks: ``python -m npu_dispatch.bench``)."""
+"""Command line: ``python -m npu_dispatch doctor|build`` (benchmarks: ``python -m benchmarks``)."""
 from __future__ import annotations
 
 import argparse

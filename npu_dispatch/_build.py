@@ -1,50 +1,78 @@
-"""How the C++ extension is built: one description for the install-time build (``setup.py``, with
-``pip install --no-build-isolation``) and the first-use build (``_native.py``, through
-``torch.utils.cpp_extension.load``). Imports nothing at module level, so ``setup.py`` can load it
-by path before torch is known to be importable."""
+"""How the C++ extensions are built and loaded: one description for the install-time build
+(``setup.py``, with ``pip install --no-build-isolation``) and the first-use build
+(``torch.utils.cpp_extension.load``), for both extensions: the library (``csrc/`` but
+``csrc/emulated_npu``, into ``npu_dispatch/_C``) and the emulated Ascend device
+(``csrc/emulated_npu``, into ``npu_dispatch/testing/_emulated_npu_C``). Imports nothing but the
+standard library at module level, so ``setup.py`` can load it by path before torch is importable.
+
+Each built library carries the digest of the sources it was built from (``-DNPU_DISPATCH_SOURCE_HASH``,
+read back through its ``info()``): a library is used only while it matches the sources beside the
+package, with no version number kept in step by hand.
+"""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from pathlib import Path
 
-# -fvisibility=hidden: the extension exports its module init only.
-CFLAGS = ["-O3", "-Wno-psabi", "-fvisibility=hidden", "-fvisibility-inlines-hidden"]
-# The name of the extension an install builds, inside the package (npu_dispatch/_C*.so), and the
-# file beside it that says which sources and torch it was built from.
-EXTENSION = "npu_dispatch._C"
-BUILD_INFO = "_C_build.json"
+# -fvisibility=hidden: the extension exports its module init only. -g0: no debug info (setuptools
+# passes Python's -g; the build is a third faster without it).
+# -Wno-maybe-uninitialized, -Wno-unknown-pragmas: false alarms from GCC's AVX-512 headers and
+# torch's `#pragma unroll`, which fill a verbose build's output.
+CFLAGS = ["-O3", "-g0", "-Wno-psabi", "-Wno-maybe-uninitialized", "-Wno-unknown-pragmas", "-fvisibility=hidden", "-fvisibility-inlines-hidden"]
 
 
-# The emulated Ascend device (npu_dispatch.testing.emulated_npu): its own extension, from
-# csrc/emulated_npu, built the same way, with its build note beside it in npu_dispatch/testing.
-EMULATED_NPU_EXTENSION = "npu_dispatch.testing._emulated_npu_C"
-EMULATED_NPU_BUILD_INFO = "_emulated_npu_C_build.json"
-EMULATED_NPU_CFLAGS = ["-O2", "-Wno-psabi"]
+@dataclasses.dataclass(frozen=True)
+class Extension:
+    """One C++ extension: ``name`` (its module inside the package), ``folder`` (under ``csrc/``;
+    "" for the library, whose sources are every folder but the emulated device's), ``note`` (the
+    file beside the built library naming its sources' digest and torch), ``package`` (the
+    package folder, relative to ``npu_dispatch/``, it goes in), ``cflags``, ``openmp``."""
+
+    name: str
+    folder: str
+    note: str
+    package: str
+    cflags: tuple[str, ...]
+    openmp: bool
+
+    def sources(self, src: Path) -> list[Path]:
+        root = src / self.folder if self.folder else src
+        return sorted(p for p in root.rglob("*.cpp") if self.folder or "emulated_npu" not in p.parts)
+
+    def source_hash(self, src: Path) -> str:
+        """A digest of every C++ source and header the extension is built from."""
+        root = src / self.folder if self.folder else src
+        h = hashlib.sha1()
+        for f in sorted([*root.rglob("*.cpp"), *root.rglob("*.h")]):
+            if not self.folder and "emulated_npu" in f.relative_to(src).parts:
+                continue
+            h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
+        return h.hexdigest()[:16]
+
+    def include_dirs(self, src: Path) -> list[str]:
+        return [str(src / self.folder if self.folder else src)]
+
+    def compile_args(self, src: Path, torch) -> list[str]:
+        omp = openmp_flags(torch)[0] if self.openmp else []
+        return [*self.cflags, *omp, f"-DNPU_DISPATCH_SOURCE_HASH={self.source_hash(src)}"]
+
+    def link_args(self, torch) -> list[str]:
+        return openmp_flags(torch)[1] if self.openmp else []
 
 
-def emulated_npu_sources(src: Path) -> list[Path]:
-    return sorted((src / "emulated_npu").glob("*.cpp"))
+LIBRARY = Extension("npu_dispatch._C", "", "_C_build.json", "", tuple(CFLAGS), True)
+EMULATED_NPU = Extension("npu_dispatch.testing._emulated_npu_C", "emulated_npu", "_emulated_npu_C_build.json",
+                         "testing", ("-O2", "-g0", "-Wno-psabi"), False)
+EXTENSIONS = (LIBRARY, EMULATED_NPU)
 
 
 def source_dir(package_dir: Path) -> Path | None:
     """``csrc/`` of an installed package (``npu_dispatch/csrc``) or of a source checkout."""
     for cand in (package_dir / "csrc", package_dir.parent / "csrc"):
-        if any(cand.glob("*.cpp")):
+        if any(cand.rglob("*.cpp")):
             return cand
     return None
-
-
-def sources(src: Path) -> list[Path]:
-    return sorted(src.glob("*.cpp"))
-
-
-def source_hash(src: Path) -> str:
-    """A digest of every C++ source and header: an install-time build is used only while it
-    matches the sources next to the package."""
-    h = hashlib.sha1()
-    for f in sorted([*src.glob("*.cpp"), *src.glob("*.h")]):
-        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
-    return h.hexdigest()[:16]
 
 
 def openmp_flags(torch) -> tuple[list[str], list[str]]:

@@ -1,7 +1,8 @@
-"""Decoding of what the C++ planner returns: the ``int[]`` plan and the count vector.
+"""The C++ planner's plans as :class:`~npu_dispatch.plan.Plan` objects, with their reason texts.
 
-The C++ side sends indices and reason codes only; everything shown to a person (devices, dtypes,
-shapes, reason texts) is rebuilt here from the tensors themselves, with the words of ``plan.py``.
+C++ sends each plan as a dict of pair indices and reason-kind names (csrc/binding/to_python.h);
+everything shown to a person (devices, dtypes, shapes, reason texts) is rebuilt here from the
+tensors themselves, with the words of ``plan.py``.
 """
 from __future__ import annotations
 
@@ -9,37 +10,16 @@ from typing import Sequence
 
 import torch
 
-from . import capabilities
+from . import _native, capabilities
 from .plan import (Group, Plan, Run, Stage, _dt, _empty_write_text, _inference_text, _lazy_bit_dst_text, _odd_dtype_text,
                    _whole_list_text, _zero_dim_cast_text)
-from .stats import PATHS
 
-__all__ = ["KINDS", "decode_plan", "decode_counts", "native_plan", "EXECUTED", "BLOCKED"]
-
-# Order of csrc/plan.h ``Kind``.
-KINDS = (
-    "not_tensor", "subclass", "layout", "meta", "may_raise", "aliasing",
-    "broadcast", "device", "not_dense", "strides", "conj_neg", "dtype", "no_capability",
-    "order_dependent", "whole_list_route", "schema",
-)
-# Flags in slot 0 of the count vector (csrc/execute.h).
-EXECUTED = 1
-BLOCKED = 2
-_FORMAT = 3
-_N_PATHS = len(PATHS)
+__all__ = ["decode_plan", "native_plan", "blocked"]
 
 
-def decode_counts(v: Sequence[int]) -> tuple[int, dict, dict]:
-    """``(flags, counts, reasons)``: counts maps path -> (tensors, bytes, launches) for the
-    paths used; reasons maps reason kind -> pairs (or whole calls) that fell back for it."""
-    counts = {}
-    for k, path in enumerate(PATHS):
-        base = 1 + 3 * k
-        if v[base]:
-            counts[path] = (v[base], v[base + 1], v[base + 2])
-    base = 1 + 3 * _N_PATHS
-    reasons = {kind: c for kind, c in zip(KINDS, v[base:base + len(KINDS)]) if c}
-    return v[0], counts, reasons
+def blocked(flags: int) -> bool:
+    """Whether a strict call's count flags say it was refused, nothing written (csrc/planner/execute.h)."""
+    return bool(flags & _native.names()["count_flags"]["blocked"])
 
 
 def _who(is_dst: int) -> str:
@@ -50,7 +30,7 @@ _OWN_OP = "the device's own _foreach_copy_ takes the whole call"
 
 
 def _stock_text(kind: str, a: int, b: int, sub: int, dsts, srcs, own_op: bool = False) -> str:
-    """Why the whole call is stock's; ``own_op``: a device whose own op takes it whole (plan.h)."""
+    """Why the whole call is stock's; ``own_op``: a device whose own op takes it whole (planner/plan.h)."""
     text = _stock_reason_text(kind, a, b, sub, dsts, srcs, own_op)
     if own_op and _OWN_OP not in text:
         text = f"{text}; {_OWN_OP}"
@@ -87,7 +67,7 @@ def _stock_reason_text(kind: str, a: int, b: int, sub: int, dsts, srcs, own_op: 
         return _lazy_bit_dst_text(a)
     if kind == "order_dependent":
         return _zero_dim_cast_text(a, s.dtype, d.dtype)
-    if kind == "whole_list_route":
+    if kind == "whole_list_op":
         caps = (capabilities.lookup(d.device.type), capabilities.lookup(s.device.type))
         cap = next((c for c in caps if c is not None and c.whole_list_only), None)
         return _whole_list_text(cap.name if cap is not None else d.device.type)
@@ -125,49 +105,32 @@ def _fallback_text(kind: str, i: int, sub: int, d: torch.Tensor, s: torch.Tensor
     return kind
 
 
-def decode_plan(v: Sequence[int], dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor]) -> Plan:
-    """The :class:`Plan` encoded by ``npu_dispatch::_plan`` (layout: csrc/plan.cpp encode_plan)."""
-    if v[0] != _FORMAT:
-        raise RuntimeError(f"npu_dispatch: native plan format {v[0]}, expected {_FORMAT}")
-    n, stock, a, b, sub, fallback_launches, n_runs, n_groups, n_fallback, n_empty, n_stages, stock_launches = v[1:13]
-    plan = Plan(n)
-    if stock >= 0:
+def decode_plan(d: dict, dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor]) -> Plan:
+    """The :class:`Plan` for the dict ``npu_dispatch::plan`` returns (csrc/binding/to_python.h)."""
+    plan = Plan(d["n"])
+    if d["stock"] is not None:
         # As in plan.py, pairs classified before the whole-stock decision stay listed.
-        kind = KINDS[stock]
-        plan.stock_reason = (kind, _stock_text(kind, a, b, sub, dsts, srcs, own_op=stock_launches >= 0))
-    plan.stock_launches = stock_launches if stock_launches >= 0 else None
-    pos = 13
-    for _ in range(n_runs):
-        count, numel = v[pos], v[pos + 1]
-        idx = list(v[pos + 2:pos + 2 + count])
-        pos += 2 + count
+        kind = d["stock"]
+        plan.stock_reason = (kind, _stock_text(kind, d["stock_a"], d["stock_b"], d["stock_sub"], dsts, srcs,
+                                               own_op=d["stock_launches"] is not None))
+    plan.stock_launches = d["stock_launches"]
+    for idx, numel in d["runs"]:
         d0, s0 = dsts[idx[0]], srcs[idx[0]]
         plan.runs.append(Run(idx, numel, d0.device, s0.dtype, d0.dtype))
-    for _ in range(n_groups):
-        count, launches, transfer = v[pos:pos + 3]
-        idx = list(v[pos + 3:pos + 3 + count])
-        pos += 3 + count
+    for idx, launches, transfer in d["groups"]:
         d0, s0 = dsts[idx[0]], srcs[idx[0]]
-        plan.groups.append(Group(idx, d0.device, s0.dtype, d0.dtype, launches, bool(transfer), s0.device))
-    for _ in range(n_stages):
-        count, numel, adjacent, launches = v[pos:pos + 4]
-        idx = list(v[pos + 4:pos + 4 + count])
-        pos += 4 + count
+        plan.groups.append(Group(idx, d0.device, s0.dtype, d0.dtype, launches, transfer, s0.device))
+    for idx, numel, adjacent, launches in d["stages"]:
         d0, s0 = dsts[idx[0]], srcs[idx[0]]
-        plan.stages.append(Stage(idx, numel, d0.device, s0.dtype, d0.dtype, bool(adjacent), launches))
-    for _ in range(n_fallback):
-        i, kind_code, fsub = v[pos:pos + 3]
-        pos += 3
-        kind = KINDS[kind_code]
+        plan.stages.append(Stage(idx, numel, d0.device, s0.dtype, d0.dtype, adjacent, launches))
+    for i, kind, sub in d["fallback"]:
         plan.fallback.append(i)
-        plan.reasons[i] = (kind, _fallback_text(kind, i, fsub, dsts[i], srcs[i]))
-    plan.empty = list(v[pos:pos + n_empty])
-    plan.fallback_launches = fallback_launches
+        plan.reasons[i] = (kind, _fallback_text(kind, i, sub, dsts[i], srcs[i]))
+    plan.empty = list(d["empty"])
+    plan.fallback_launches = d["fallback_launches"]
     return plan
 
 
 def native_plan(dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor]) -> Plan:
     """The C++ planner's plan for ``_foreach_copy_(dsts, srcs)`` (native library loaded)."""
-    from . import _native
-
     return decode_plan(_native.module().plan(dsts, srcs), dsts, srcs)

@@ -13,8 +13,7 @@ Sources mirrored:
   fp32, which quiets a signalling NaN that per-pair ``copy_`` keeps), so a sub-list of a list stock
   copies pair by pair would change bits (seen on an H200; ``whole_list_only``).
 - cpu: ATen runs ``_foreach_copy_`` as a per-tensor loop of ``copy_``. Every pair is "supported":
-  the Python executor uses ``copy_`` itself; the C++ kernel (csrc/) copies same-dtype pairs as
-  bytes and converts fp32<->bf16/fp16 with ATen's own vectorized routines, each conversion checked
+  the C++ kernel (csrc/cpu/) copies same-dtype pairs as bytes and converts fp32<->bf16/fp16 with ATen's own vectorized routines, each conversion checked
   bit for bit against stock when the library loads, and hands every other pair to stock.
 """
 from __future__ import annotations
@@ -83,7 +82,7 @@ class Capability:
         batched_keeps_versions: the device's batched routes move no version counter (op-plugin
             calls no ``increment_version`` there) while its per-tensor route moves each one: the
             library then leaves exactly the counters stock leaves, per source-dtype group as
-            op-plugin routes it (csrc/plan.cpp, stock_keeps_version).
+            op-plugin routes it (csrc/planner/plan.cpp, stock_keeps_version).
     """
 
     name: str

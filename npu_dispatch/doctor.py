@@ -72,7 +72,7 @@ def _interception() -> str:
     from .mode import _install, _interception_refused
 
     if _native.status()[0]:
-        _install()  # checks the dispatcher facts (csrc/dispatcher_facts.h) and installs
+        _install()  # checks the dispatcher facts (csrc/dispatch/dispatcher_facts.h) and installs
         refused = _interception_refused()
         if refused is not None:
             return f"a Python dispatch mode (every op of the block pays for it): {refused}"

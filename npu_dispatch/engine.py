@@ -1,8 +1,8 @@
 """The Python side of a planned copy: one call into the C++ planner and the stats it returns.
 
 Serves the debugging mode's handlers (``NpuFastCopyMode(strict=True)`` / ``(verify=True)``) and
-the public ops' Python paths. The planning and every copy happen in C++ (``csrc/copy_call.h``
-``plan_and_run``), through ``foreach_copy_planned`` (csrc/python_entry.cpp), which reads the lists
+the public ops' Python paths. The planning and every copy happen in C++ (``csrc/planner/copy_call.h``
+``plan_and_run``), through ``foreach_copy_planned`` (csrc/binding/python_entry.cpp), which reads the lists
 without boxing them and returns a fixed-size count vector. Without the native library every call
 goes to the stock op, counted with reason ``no_native``.
 
@@ -19,7 +19,7 @@ from typing import Sequence
 import torch
 
 from . import _native
-from ._native_plan import BLOCKED, decode_counts, native_plan
+from ._native_plan import blocked, native_plan
 from .errors import FastCopyFallbackError, FastCopyMismatchError
 from .plan import Plan
 from .stats import CopyStats
@@ -98,11 +98,11 @@ def foreach_copy(
     verify: bool = False,
     bump: bool | None = True,
 ) -> None:
-    """``_foreach_copy_(dsts, srcs, non_blocking)`` through the C++ planner (csrc/copy_call.h).
+    """``_foreach_copy_(dsts, srcs, non_blocking)`` through the C++ planner (csrc/planner/copy_call.h).
 
     Bumps each listed destination's version counter once, as stock's in-place op does without
     a mode (``bump=False`` for the functional variant, whose fresh outputs stay at version 0;
-    ``None``: stock's rule where the call is made, csrc/copy_call.h ``stock_bumps``).
+    ``None``: stock's rule where the call is made, csrc/planner/copy_call.h ``stock_bumps``).
 
 
     Raises:
@@ -123,9 +123,8 @@ def foreach_copy(
     else:
         # One C++ call: checks, plan, copies (below ADInplaceOrView) and the version bumps.
         with _inside():
-            v = planned(dsts, srcs, non_blocking, strict, bump)
-        flags, counts, reasons = decode_counts(v)
-        if flags & BLOCKED:
+            flags, counts, reasons = planned(dsts, srcs, non_blocking, strict, bump)
+        if blocked(flags):
             raise _strict_error(op, native_plan(dsts, srcs))
     stats.record_counts(op, counts, reasons, time.perf_counter() - start)
 
@@ -143,7 +142,7 @@ def _native_verify(planned, dsts, srcs, non_blocking, op, strict, bump) -> tuple
         raise _strict_error(op, p)
     v = None
     if bump is None:
-        # Stock's rule where the call is made (csrc/copy_call.h), read before the guard below.
+        # Stock's rule where the call is made (csrc/planner/copy_call.h), read before the guard below.
         bump = _native.module().stock_bumps(list(dsts))
 
     def run() -> None:
@@ -155,7 +154,7 @@ def _native_verify(planned, dsts, srcs, non_blocking, op, strict, bump) -> tuple
             _verify(p, dsts, srcs, non_blocking, run)
         else:
             run()
-    _, counts, reasons = decode_counts(v)
+    _, counts, reasons = v
     return counts, reasons
 
 
@@ -202,8 +201,8 @@ def _reason_text(reasons: dict) -> str:
 
 
 def _checked(op: str, v, stats: CopyStats, start: float) -> None:
-    flags, counts, reasons = decode_counts(v)
-    if flags & BLOCKED:
+    flags, counts, reasons = v
+    if blocked(flags):
         raise FastCopyFallbackError(f"npu_dispatch strict: {op} falls back: {_reason_text(reasons)}")
     stats.record_counts(op, counts, reasons, time.perf_counter() - start)
 
@@ -227,7 +226,7 @@ def split_with_sizes_copy(
     bump: bool | None = True,
 ) -> None:
     """FSDP2's all-gather copy-out, ``torch.split_with_sizes_copy(all_gather_output, sizes, dim,
-    out=out)``, through csrc/fsdp_copies.h: served calls in one kernel pass (CPU) or one planned
+    out=out)``, through csrc/fsdp/copies.h: served calls in one kernel pass (CPU) or one planned
     ``_foreach_copy_`` of row views (a device); others by stock's op, with its errors, warnings
     and writes. ``bump``: as :func:`foreach_copy` (each ``out[i]`` once)."""
     module = _native.module()
@@ -261,7 +260,7 @@ def chunk_cat(
     bump: bool | None = True,
 ) -> None:
     """FSDP2's reduce-scatter copy-in, ``torch._chunk_cat(tensors, dim, num_chunks, out=out)``,
-    through csrc/fsdp_copies.h (padding and the widening cast inside the pass), else stock's op.
+    through csrc/fsdp/copies.h (padding and the widening cast inside the pass), else stock's op.
     ``bump``: as :func:`foreach_copy` (``out`` once)."""
     module = _native.module()
     if module is None:
@@ -292,7 +291,7 @@ def chunk_cat_mixed_dtype(
     verify: bool = False,
 ) -> None:
     """torch 2.15's FSDP2 reduce-scatter copy-in, ``fsdp::chunk_cat_mixed_dtype`` (each input cast to
-    ``out``'s dtype, then ``_chunk_cat``), through csrc/fsdp_copies.h, else the op's own kernel.
+    ``out``'s dtype, then ``_chunk_cat``), through csrc/fsdp/copies.h, else the op's own kernel.
     Called from the debugging mode's handler, below the op's ADInplaceOrView kernel, which moves
     ``out``'s version counter: nothing here does."""
     module = _native.module()

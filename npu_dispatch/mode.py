@@ -1,8 +1,8 @@
 """``NpuFastCopyMode``: the fast path for FSDP2's copies, scoped to a ``with`` block.
 
 By default the mode pushes no Python dispatch mode: entering it pushes a scope into PyTorch's
-thread-local debug info (csrc/mode_scope.h), and the library's C++ kernels at the BackendSelect
-dispatch key (csrc/intercept.h) serve the owned ops while the scope is set. Every other op
+thread-local debug info (csrc/dispatch/mode_scope.h), and the library's C++ kernels at the BackendSelect
+dispatch key (csrc/dispatch/intercept.h) serve the owned ops while the scope is set. Every other op
 dispatches exactly as with no mode. ``strict`` and ``verify`` are debugging aids and do push a
 Python ``TorchDispatchMode`` (:class:`_DebugMode`), which every op of the block then crosses.
 """
@@ -17,7 +17,8 @@ import weakref
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 
-from . import _native, engine
+from . import _native, engine, ops  # noqa: F401  ops: registers npu_dispatch::
+from . import stats as stats_module
 from .stats import CopyStats
 
 __all__ = ["NpuFastCopyMode"]
@@ -25,33 +26,20 @@ __all__ = ["NpuFastCopyMode"]
 log = logging.getLogger("npu_dispatch")
 aten = torch.ops.aten
 
-_FSDP_SCHEMA = ("all_gather_inputs", "all_gather_output", "inp_split_sizes", "all_gather_input_numel", "rank")
-# The FSDP2 copy ops served, with the schemas the C++ kernels were written for (torch 2.13 and
-# 2.14, torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py).
-FSDP_SCHEMAS = {
-    "all_gather_copy_in": "fsdp::all_gather_copy_in(Tensor[] all_gather_inputs, Tensor all_gather_output, "
-                          "SymInt[] inp_split_sizes, SymInt all_gather_input_numel, SymInt rank) -> (Tensor, Tensor)",
-    "split_with_sizes_copy": "fsdp::split_with_sizes_copy(Tensor all_gather_output, SymInt[] "
-                             "all_gather_input_split_sizes, int dim=0, *, Tensor(a!)[] out) -> ()",
-    "chunk_cat": "fsdp::chunk_cat(Tensor[] tensors, int dim, int num_chunks, *, Tensor(a!) out) -> ()",
-    # torch 2.15 (torch/csrc/distributed/fsdp/ChunkCat.h): FSDP2's reduce-scatter copy-in there.
-    "chunk_cat_mixed_dtype": "fsdp::chunk_cat_mixed_dtype(Tensor[] tensors, int dim, int num_chunks, *, "
-                             "Tensor(a!) out) -> ()",
-}
-
-
-def _fsdp_ops() -> dict:
-    """``{name: (fsdp.<name>.default, why not served or None)}`` for the FSDP copy ops that exist."""
+def _fsdp_ops(wanted: dict) -> dict:
+    """``{name: (fsdp.<name>.default, why not served or None)}`` for the FSDP copy ops of
+    ``wanted`` (name -> the schema the C++ kernel is typed on, csrc/dispatch/dispatcher_facts.h;
+    None: any) that exist in this torch."""
     if not torch.distributed.is_available():
         return {}
     importlib.import_module("torch.distributed.fsdp._fully_shard._fsdp_collectives")  # defines fsdp::
     found = {}
-    for name, schema in FSDP_SCHEMAS.items():
+    for name, schema in wanted.items():
         packet = getattr(torch.ops.fsdp, name, None)
         if packet is None:
             continue
         op = packet.default
-        found[name] = (op, None if str(op._schema) == schema else f"unsupported fsdp::{name} schema {op._schema}")
+        found[name] = (op, None if schema in (None, str(op._schema)) else f"unsupported fsdp::{name} schema {op._schema}")
     return found
 
 
@@ -63,7 +51,7 @@ _TABLE: dict = {}
 _NO_INTERCEPTION: list = []
 
 # What the interception kernels rely on in this torch, as checked when they were installed
-# (csrc/dispatcher_facts.h): (name, holds, detail) per fact. Empty before the first
+# (csrc/dispatch/dispatcher_facts.h): (name, holds, detail) per fact. Empty before the first
 # NpuFastCopyMode() or without the native library.
 FACTS: list = []
 
@@ -96,10 +84,9 @@ def _check_and_install(module, fsdp_served: list) -> str | None:
 
 def _install() -> None:
     """Registers the npu_dispatch ops, and the C++ interception kernels once the native library
-    loads (csrc/intercept.h); reads FSDP's schema. Once per process."""
+    loads (csrc/dispatch/intercept.h); reads FSDP's schema. Once per process."""
     if _TABLE:
         return
-    from . import ops  # noqa: F401  registers npu_dispatch::
 
     handlers = {
         aten._foreach_copy_.default: _foreach_copy_,
@@ -112,7 +99,9 @@ def _install() -> None:
     fsdp_handlers = {"all_gather_copy_in": _all_gather_copy_in, "split_with_sizes_copy": _split_with_sizes_copy,
                      "chunk_cat": _chunk_cat, "chunk_cat_mixed_dtype": _chunk_cat_mixed_dtype}
     entries = dict(handlers)
-    fsdp = _fsdp_ops()
+    names = _native.names()
+    # Without the native library every fsdp copy op this mode knows is counted, whatever its schema.
+    fsdp = _fsdp_ops(names["fsdp_schemas"] if names is not None else dict.fromkeys(fsdp_handlers))
     for name, (op, why) in fsdp.items():
         if why is None:
             entries[op] = fsdp_handlers[name]
@@ -137,14 +126,8 @@ def _install() -> None:
 
 # ---- without the native library: count, and leave every call to stock ---------------------------
 
-_local = threading.local()  # .modes: the NpuFastCopyModes entered on this thread, innermost last
-
-
-def _entered() -> list:
-    modes = getattr(_local, "modes", None)
-    if modes is None:
-        modes = _local.modes = []
-    return modes
+_entered = stats_module.entered  # the NpuFastCopyModes entered on this thread, innermost last
+_local = threading.local()  # .inside: a served call is running on this thread
 _AFTER_BACKEND_SELECT = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.BackendSelect)
 _KEEP_ALIVE: list = []
 
@@ -171,7 +154,7 @@ def _install_no_native_counters(ops) -> None:
         name = f"{op.namespace}.{op._opname}"
 
         def kernel(keyset, *args, op=op, name=name, **kwargs):
-            modes = getattr(_local, "modes", None)
+            modes = _entered()
             if modes and not getattr(_local, "inside", False):
                 if modes[-1].strict:
                     raise engine.no_native_error(name)
@@ -203,7 +186,7 @@ def _foreach_copy_(mode, op, args, kwargs):
 def _foreach_copy(mode, op, args, kwargs):
     # Functional variant (what functionalization emits): stock's outputs keep each destination's
     # sizes and strides (contiguous where those overlap themselves, as clone does), and every
-    # element is overwritten, so an uninitialised allocation suffices (csrc/intercept.cpp like()).
+    # element is overwritten, so an uninitialised allocation suffices (csrc/dispatch/intercept.cpp like()).
     outs = [_like(d) for d in args[0]]
     engine.foreach_copy(outs, args[1], _non_blocking(args, kwargs), stats=mode.stats, op=op,
                         strict=mode.strict, verify=mode.verify, bump=False)
@@ -217,10 +200,10 @@ def _like(d: torch.Tensor) -> torch.Tensor:
 
 
 def _all_gather_copy_in(mode, op, args, kwargs):
-    bound = list(args) + [kwargs[k] for k in _FSDP_SCHEMA[len(args):]]
     # Views with autograd metadata where stock's narrow and split make them: ADInplaceOrView in
     # reach (__torch_dispatch__ gives it back where the caller had it).
-    return engine.all_gather_copy_in(*bound, stats=mode.stats, op=op, strict=mode.strict, verify=mode.verify,
+    # The schema's argument names are engine.all_gather_copy_in's parameter names.
+    return engine.all_gather_copy_in(*args, **kwargs, stats=mode.stats, op=op, strict=mode.strict, verify=mode.verify,
                                      bump=mode.bumps(op))
 
 
@@ -271,7 +254,7 @@ class _DebugMode(TorchDispatchMode):
         self.strict = owner.strict
         self.verify = owner.verify
         # Whether stock's call would bump the destinations: this handler runs with ADInplaceOrView
-        # excluded whatever the caller did, so a kernel at that key notes it (csrc/intercept.h).
+        # excluded whatever the caller did, so a kernel at that key notes it (csrc/dispatch/intercept.h).
         module = _native.module()
         self._in_reach = module.in_reach_modes if module is not None else None
         self._marked = set()
@@ -302,7 +285,7 @@ class _DebugMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         entry = _TABLE.get(id(func))
         kwargs = kwargs or {}
-        modes = getattr(_local, "modes", None)
+        modes = _entered()
         if entry is None or engine.busy() or (modes and modes[-1] is not self.owner):
             # Not owned, a stock call issued by the engine of a mode nested inside this one, or a
             # call of a default mode entered inside this one on this thread (its kernels serve it
@@ -352,10 +335,10 @@ class NpuFastCopyMode:
     bit (NaN payloads and -0.0 included). Every other op costs what it costs with no mode: by
     default nothing is put on the Python dispatch stack.
 
-    How: entering pushes a scope into ``c10::ThreadLocalDebugInfo`` (csrc/mode_scope.h), which
+    How: entering pushes a scope into ``c10::ThreadLocalDebugInfo`` (csrc/dispatch/mode_scope.h), which
     PyTorch carries to the threads it runs work on for this thread: the autograd engine's device
     threads (FSDP2's backward hooks and their all-gathers), ``torch.jit.fork``/``at::launch``. The
-    library's C++ kernels at the BackendSelect key (csrc/intercept.h) read it; without it they
+    library's C++ kernels at the BackendSelect key (csrc/dispatch/intercept.h) read it; without it they
     redispatch unchanged. Threads the block starts itself (``threading.Thread``) are not covered.
     Calls are counted in ``stats`` of the mode whose scope the calling thread carries (the
     innermost entered), whatever thread makes them.
@@ -390,7 +373,7 @@ class NpuFastCopyMode:
         self._scope = None
         self._native = _native.module()
         if self._native is not None and not (self.strict or self.verify or _NO_INTERCEPTION):
-            self._scope = self._native.scope_new(False)
+            self._scope = self._native.scope_new()
             self._attach(self._native)
 
     def _attach(self, module) -> None:

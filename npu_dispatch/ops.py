@@ -41,13 +41,7 @@ def _all_gather_copy_in_kernel(all_gather_inputs, all_gather_output, inp_split_s
     )
 
 
-def _current_stats():
-    """The stats of the innermost NpuFastCopyMode this thread entered, else the global ones (as
-    the C++ kernels of the other ops count: csrc/mode_scope.h record_call)."""
-    from . import mode
-
-    entered = mode._entered()
-    return entered[-1].stats if entered else _stats._GLOBAL
+_current_stats = _stats.current
 
 
 def _split_with_sizes_copy_kernel(all_gather_output, all_gather_input_split_sizes, dim=0, *, out):
@@ -61,7 +55,7 @@ def _chunk_cat_kernel(tensors, dim, num_chunks, *, out):
 
 # CompositeExplicitAutograd serves every backend with one kernel. Once the native library loads,
 # its C++ kernels take the CPU, CUDA and PrivateUse1 keys of foreach_copy_ and all_gather_copy_in
-# (csrc/register.cpp); these stay for the rest (meta...), where they call the same C++ planner, and
+# (csrc/dispatch/register.cpp); these stay for the rest (meta...), where they call the same C++ planner, and
 # for machines without a compiler, where they call the stock op (counted as ``no_native``).
 # Copy-out and chunk_cat keep these Python kernels everywhere: a stock call they hand on may warn
 # (a resized out), and the native entry they call turns C++ warnings into Python ones, which a C++
@@ -170,14 +164,14 @@ def foreach_copy_(
         self = list(_tensor_list("foreach_copy_", "self", 0, self))
     if type(src) is not list:
         src = list(_tensor_list("foreach_copy_", "src", 1, src))
-    # The direct entry's gate (csrc/python_entry.cpp unobserved(): modes, forward AD, extra
-    # dispatch keys such as the JIT tracer's) and the fast lane's checks (requires_grad...) run in
+    # The direct entry's gate (csrc/binding/python_entry.cpp unobserved(): modes, forward AD, extra
+    # dispatch keys such as the JIT tracer's) and the one-pass plan's checks (requires_grad...) run in
     # C++; a compiler recording this function is the one thing C++ cannot see. These lines are the
-    # whole Python cost of a call the lane takes, so they read the loaded entry directly.
+    # whole Python cost of a call the one-pass plan takes, so they read the loaded entry directly.
     direct = _native._direct if _native._direct is not None else _native.direct_op()
     if direct is not None and not torch.compiler.is_compiling() and direct(self, src, non_blocking):
         return self
-    # The lane refused the call: now (off the fast path) check each element as the binding does.
+    # The one-pass plan refused the call: now (off the fast path) check each element as the binding does.
     _check_elements(self, 0)
     _check_elements(src, 1)
     if torch._C._get_tracing_state():

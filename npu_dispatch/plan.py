@@ -1,6 +1,6 @@
 """A copy plan, as ``explain()`` shows it: the types the C++ planner's answer decodes into
 (``_native_plan.decode_plan``) and their words. The planning itself is C++ only
-(``csrc/plan.cpp``); nothing here decides which pair takes which path.
+(``csrc/planner/plan.cpp``); nothing here decides which pair takes which path.
 
 Paths, in the order the executor issues them:
 - ``coalesced``: a *run* of consecutive pairs whose destinations are contiguous and adjacent in one
@@ -25,7 +25,7 @@ Paths, in the order the executor issues them:
 
 On a device whose kernel batches many pairs a launch (npu), a coalesced run is kept only where it
 issues fewer launches than its pairs joining their foreach group. Where the device's own op routes
-lists itself (op-plugin: ``csrc/device_routes.h``), a source-dtype group it sends as one batched
+lists itself (op-plugin: ``csrc/planner/device_batching.h``), a source-dtype group it sends as one batched
 host<->device memcpy is a *transfer group* handed to it as it is, and a whole-stock call (or one
 none of whose pairs has a fast path) goes to that op whole, with its launches, bytes and errors.
 

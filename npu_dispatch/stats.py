@@ -5,13 +5,28 @@ from __future__ import annotations
 import collections
 import threading
 
-__all__ = ["CopyStats", "PATHS", "global_stats", "add_drain"]
+__all__ = ["CopyStats", "paths", "global_stats", "add_drain"]
 
-# Order of rows in reports. "stock": a whole call handed to the stock op; "fallback": pairs of a
-# call copied pair by pair by stock's copy_; "empty": zero-element pairs; "staged": cross-dtype
-# pairs copied through scratch memory (plan.py). The order is the C++ count vector's (execute.h).
-PATHS = ("coalesced", "foreach", "fallback", "stock", "empty", "staged")
-_FAST = frozenset({"coalesced", "foreach", "staged"})
+# The paths a pair can take, in report order, and which of them are the fast path or off it: the
+# C++ core defines them (csrc/planner/execute.h) and they are set here when it loads (_native). Its
+# paths: "coalesced" (adjacent pairs as one flat copy), "foreach" (the device's batched kernel),
+# "fallback" (pairs copied by stock's copy_), "stock" (a whole call handed to the stock op),
+# "empty" (zero-element pairs), "staged" (cross-dtype pairs through scratch memory). Without it,
+# every call is handed to stock whole.
+_order: tuple = ("stock",)
+_fast: frozenset = frozenset()
+_off: frozenset = frozenset({"stock"})
+
+
+def set_paths(order, fast, off) -> None:
+    """The C++ core's paths (report order), fast paths and paths off the fast path."""
+    global _order, _fast, _off
+    _order, _fast, _off = tuple(order), frozenset(fast), frozenset(off) | {"stock"}
+
+
+def paths() -> tuple:
+    """The paths a pair can take, in report order."""
+    return _order
 
 
 class _Op:
@@ -22,7 +37,7 @@ class _Op:
     def __init__(self) -> None:
         self.calls = self.fast_calls = self.fallback_calls = 0
         self.seconds = 0.0
-        self.paths = {p: [0, 0, 0, 0] for p in PATHS}  # calls, pairs, bytes, launches
+        self.paths: dict[str, list[int]] = {}  # path -> calls, pairs, bytes, launches
         self.fallbacks: dict[str, list[int]] = {}  # reason -> [pairs, calls]
 
 
@@ -31,7 +46,7 @@ class CopyStats:
 
     Per op: ``calls``, ``fast_calls`` (calls with at least one pair on the fast path),
     ``fallback_calls`` (calls with at least one pair off it), ``seconds`` (host wall time in the
-    op); per path (``PATHS``): ``calls`` (calls that used it), ``pairs`` (tensor pairs),
+    op); per path (:func:`paths`): ``calls`` (calls that used it), ``pairs`` (tensor pairs),
     ``bytes`` (destination bytes written), ``launches`` (device launches issued); per fallback
     reason: ``pairs`` that left the fast path for it (a whole call handed to stock: all its pairs)
     and ``calls`` in which it did. Totals over ops are the sums of the per-op rows.
@@ -53,7 +68,7 @@ class CopyStats:
 
     def add_source(self, drain) -> None:
         """Register ``drain(stats)``, called before every read to fold in counts kept elsewhere
-        (an NpuFastCopyMode's interception kernels count in C++: csrc/mode_scope.h)."""
+        (an NpuFastCopyMode's interception kernels count in C++: csrc/dispatch/mode_scope.h)."""
         self._sources.append(drain)
 
     def _sync(self) -> None:
@@ -74,14 +89,14 @@ class CopyStats:
             o.calls += 1
             o.seconds += seconds
             for path, (pairs, nbytes, launches) in counts.items():
-                row = o.paths[path]
+                row = o.paths.setdefault(path, [0, 0, 0, 0])
                 row[0] += 1
                 row[1] += pairs
                 row[2] += nbytes
                 row[3] += launches
-            if _FAST.intersection(counts):
+            if _fast.intersection(counts):
                 o.fast_calls += 1
-            if "fallback" in counts or "stock" in counts:
+            if _off.intersection(counts):
                 o.fallback_calls += 1
             for kind, pairs in reasons.items():
                 row = o.fallbacks.setdefault(kind, [0, 0])
@@ -103,7 +118,7 @@ class CopyStats:
             o.fallback_calls += fallback_calls
             o.seconds += seconds
             for path, values in paths.items():
-                row = o.paths[path]
+                row = o.paths.setdefault(path, [0, 0, 0, 0])
                 for k, v in enumerate(values):
                     row[k] += v
             for kind, (pairs, n) in fallbacks.items():
@@ -119,7 +134,8 @@ class CopyStats:
         self._sync()
         with self._lock:
             ops = {}
-            paths = {p: {"calls": 0, "pairs": 0, "tensors": 0, "bytes": 0, "launches": 0} for p in PATHS}
+            order = _order + tuple(sorted({p for o in self._ops.values() for p in o.paths} - set(_order)))
+            paths = {p: {"calls": 0, "pairs": 0, "tensors": 0, "bytes": 0, "launches": 0} for p in order}
             fallbacks: dict[str, dict] = {}
             for name in sorted(self._ops):
                 o = self._ops[name]
@@ -160,7 +176,7 @@ class CopyStats:
         rows = []
         for op, v in d["ops"].items():
             rows.append([op, "(all paths)", v["calls"], "", "", "", f"{v['seconds'] * 1e3:.3f}"])
-            for p in PATHS:
+            for p in d["paths"]:
                 if p in v["paths"]:
                     r = v["paths"][p]
                     rows.append(["", p, r["calls"], r["pairs"], r["bytes"], r["launches"], ""])
@@ -221,6 +237,24 @@ def add_drain(fn) -> None:
     """Register ``fn(stats)``, called by ``global_stats()`` to fold in counters kept elsewhere."""
     if fn not in _drains:
         _drains.append(fn)
+
+
+_local = threading.local()  # .modes: the NpuFastCopyModes entered on this thread, innermost last
+
+
+def entered() -> list:
+    """The NpuFastCopyModes entered on this thread, innermost last (the mode keeps it)."""
+    modes = getattr(_local, "modes", None)
+    if modes is None:
+        modes = _local.modes = []
+    return modes
+
+
+def current() -> CopyStats:
+    """The stats of the innermost NpuFastCopyMode this thread entered, else the global ones (as the
+    C++ kernels count: csrc/dispatch/mode_scope.h record_call)."""
+    modes = entered()
+    return modes[-1].stats if modes else _GLOBAL
 
 
 def global_stats() -> CopyStats:

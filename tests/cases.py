@@ -61,11 +61,11 @@ def mode_copy(dsts, srcs):
         torch._foreach_copy_(dsts, srcs)
 
 
-def lane_calls() -> int:
-    """Calls the native fast lane has run (csrc/fast_lane.h): which way a call went."""
+def one_pass_calls() -> int:
+    """Calls the native one-pass plan has run (csrc/planner/one_pass.h): which way a call went."""
     from npu_dispatch import _native
 
-    return _native.info()["fast_lane_calls"]
+    return _native.info()["one_pass_calls"]
 
 
 FLOATS = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
@@ -272,7 +272,7 @@ def run(case: Case, fn) -> dict:
 
 def mode_paths(make, *, direct: bool = False) -> tuple[dict, dict]:
     """(paths, fallback reasons) of ``NpuFastCopyMode``'s stats for one
-    ``torch._foreach_copy_(*make())`` (``direct``: ``npu_dispatch.foreach_copy_``, whose fast lane
+    ``torch._foreach_copy_(*make())`` (``direct``: ``npu_dispatch.foreach_copy_``, whose one-pass plan
     is sharded across threads for long lists). A call that raises counts what it did before
     raising."""
     mode = nd.NpuFastCopyMode()
@@ -287,9 +287,9 @@ def mode_paths(make, *, direct: bool = False) -> tuple[dict, dict]:
 
 
 def plan_paths(make) -> tuple[dict, dict]:
-    """What the full planner's plan (``explain``, no fast lane) would count for
+    """What the full planner's plan (``explain``, no one-pass plan) would count for
     ``torch._foreach_copy_(*make())``, in ``mode_paths``' layout."""
-    from npu_dispatch.stats import PATHS
+    from npu_dispatch.stats import paths as all_paths
 
     dsts, srcs = make()
     p = nd.explain(dsts, srcs)
@@ -313,7 +313,7 @@ def plan_paths(make) -> tuple[dict, dict]:
         if p.empty:
             used["empty"] = (len(p.empty), 0, 0)
     paths = {}
-    for k in PATHS:
+    for k in all_paths():
         pairs, nbytes_, launches = used.get(k, (0, 0, 0))
         paths[k] = {"calls": int(k in used), "pairs": pairs, "tensors": pairs, "bytes": nbytes_, "launches": launches}
     return paths, reasons
@@ -404,8 +404,8 @@ def cases(draw, max_len=300):
 
 
 @st.composite
-def lane_cases(draw, min_len=1, max_len=60):
-    """Mostly lane-eligible lists (contiguous, lane dtype pairs, adjacency), some with a rogue pair
+def one_pass_cases(draw, min_len=1, max_len=60):
+    """Mostly one-pass-eligible lists (contiguous, one-pass dtype pairs, adjacency), some with a rogue pair
     (broadcast, transposed, unsupported cast) or an alias that sends them to the planner."""
     f32, f16, bf16, i32 = torch.float32, torch.float16, torch.bfloat16, torch.int32
     dtype_pairs = [(f32, f32), (bf16, bf16), (f16, f16), (i32, i32), (f32, bf16), (bf16, f32), (f32, f16), (f16, f32)]

@@ -1,4 +1,4 @@
-"""The benchmark suite (npu_dispatch/bench/): its JSON shape, its metrics, the null route, the FSDP2
+"""The benchmark suite (benchmarks/): its JSON shape, its metrics, the FSDP2
 example's row, and the correctness of its workloads.
 
 No timing assertions: only structure, metrics computed from the medians, and that each workload's
@@ -16,13 +16,11 @@ import pytest
 import torch
 
 import npu_dispatch
-from npu_dispatch.bench import __main__ as bench_main
-from npu_dispatch.bench import report, suite, workers, workloads
+from benchmarks import __main__ as bench_main
+from benchmarks import report, suite, workers, workloads
 
 _ONLY = ["tiny_many", "mode_overhead"]
 _NATIVE = npu_dispatch._native.available()
-_ROUTE = suite.null_route_refused() is None  # the interception kernels run here
-needs_route = pytest.mark.skipif(not _ROUTE, reason=f"no null route: {suite.null_route_refused()}")
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +47,7 @@ def test_quick_json_structure(quick_run, capsys):
     assert [r["name"] for r in result["workloads"]] == _ONLY
     tiny, overhead = result["workloads"]
 
-    assert set(tiny["times_us"]) == {"stock", "direct", "mode", "roofline"} | ({"null_route"} if _ROUTE else set())
+    assert set(tiny["times_us"]) == {"stock", "direct", "mode", "roofline"}
     assert set(overhead["times_us"]) == {"no_mode", "mode", "debug_mode"}
     for row in (tiny, overhead):
         for t in row["times_us"].values():
@@ -61,13 +59,7 @@ def test_quick_json_structure(quick_run, capsys):
     assert m["speedup_direct"] == med["stock"] / med["direct"]
     assert m["speedup_mode"] == med["stock"] / med["mode"]
     assert m["efficiency_direct"] == med["roofline"] / med["direct"]
-    if _ROUTE:
-        assert m["speedup_mode_ceiling"] == med["stock"] / med["null_route"]
-        bound = min(m["speedup_direct"], m["speedup_mode_ceiling"])
-    else:
-        assert m["speedup_mode_ceiling"] is None
-        bound = m["speedup_direct"]
-    assert m["mode_vs_bound"] == m["speedup_mode"] / bound
+    assert m["mode_vs_bound"] == m["speedup_mode"] / m["speedup_direct"]
     med = _medians(overhead)
     assert overhead["metrics"] == {"extra_us_vs_no_mode": med["mode"] - med["no_mode"],
                                    "debug_extra_us_vs_no_mode": med["debug_mode"] - med["no_mode"]}
@@ -89,11 +81,9 @@ def test_quick_json_structure(quick_run, capsys):
     assert json.loads((out / "benchmarks.json").read_text()) == result
     md = (out / "benchmarks.md").read_text()
     assert f"| tiny_many | 512 | {sum(workloads.TINY_SIZES):,} |" in md
-    assert f"| {m['speedup_mode_ceiling']:.2f}x | {m['mode_vs_bound']:.2f} | {m['efficiency_direct']:.2f} |" in md
+    assert f"| {m['speedup_mode']:.2f}x | {m['mode_vs_bound']:.2f} | {m['efficiency_direct']:.2f} |" in md
     assert f"| mode_overhead | {report._us(med['no_mode'])} | {report._us(med['mode'])} |" in md
     assert "| tiny_many | mode_vs_bound >= 0.9 |" in md
-    for gone in ("front", "floor", "bare", "estimate"):
-        assert gone not in md
     if _has_matplotlib():
         assert (out / "benchmarks.png").stat().st_size > 0
 
@@ -111,17 +101,13 @@ def test_unknown_workload_is_an_error(capsys):
     assert "tiny_many" in capsys.readouterr().err
 
 
-def test_copy_metrics_read_the_lower_bound():
-    med = {"stock": 120.0, "direct": 10.0, "mode": 30.0, "roofline": 5.0, "null_route": 40.0}
+def test_copy_metrics_read_the_direct_op_as_the_bound():
+    med = {"stock": 120.0, "direct": 10.0, "mode": 30.0, "roofline": 5.0}
     m = suite.metrics_of("foreach", med)
-    assert (m["speedup_direct"], m["speedup_mode"], m["speedup_mode_ceiling"]) == (12.0, 4.0, 3.0)
-    assert m["mode_vs_bound"] == 4.0 / 3.0  # the ceiling is the lower bound here
+    assert (m["speedup_direct"], m["speedup_mode"]) == (12.0, 4.0)
+    assert m["mode_vs_bound"] == 4.0 / 12.0
     assert (m["efficiency_direct"], m["efficiency_mode"]) == (0.5, 5.0 / 30.0)
-    med["null_route"] = 5.0  # now the direct op's speed-up is the lower
-    assert suite.metrics_of("foreach", med)["mode_vs_bound"] == 4.0 / 12.0
-    del med["null_route"]  # all_gather_copy_in, or no native library: the direct op alone
-    m = suite.metrics_of("all_gather_copy_in", med)
-    assert m["speedup_mode_ceiling"] is None and m["mode_vs_bound"] == 4.0 / 12.0
+    assert suite.metrics_of("all_gather_copy_in", med)["mode_vs_bound"] == 4.0 / 12.0
 
 
 def _bits(ts):
@@ -149,7 +135,7 @@ def test_copy_in_shapes_follow_fsdp2():
 
 def test_copy_in_variants_match_stock_bitwise():
     # The suite's all_gather_copy_in path, on a small stand-in for the Llama block (which the suite
-    # itself checks at full size on every run). No null route: it takes foreach lists only.
+    # itself checks at full size on every run).
     g = torch.Generator().manual_seed(0)
     sizes = [48, 16, 64]
     args = workloads.CopyInArgs([torch.randn(n, generator=g) for n in sizes], torch.zeros(4 * 128),
@@ -160,53 +146,6 @@ def test_copy_in_variants_match_stock_bitwise():
                                 {"direct": by["direct"].run_once, "mode": by["mode"].run_once})
     assert equal == {"direct": True, "mode": True}
     assert torch.equal(args.output[256:384], torch.cat(args.inputs))
-
-
-@needs_route
-def test_null_route_takes_the_call_and_copies_nothing():
-    args = workloads.ForeachArgs([torch.zeros(3), torch.zeros(5)], [torch.ones(3), torch.ones(5)])
-    by = {v.name: v for v in suite.variants(args)}
-    route = by["null_route"]
-    assert route.stmt == by["stock"].stmt  # the stock call, under the route
-    with route.context():
-        assert torch._C._len_torch_dispatch_stack() == 0  # no Python mode pushed
-        exec(route.stmt, route.globals)
-        # Nothing written, no version moved; other ops (and the functional variant) run as stock.
-        assert all(t.count_nonzero() == 0 for t in args.dsts) and [t._version for t in args.dsts] == [0, 0]
-        assert torch.equal(torch.add(args.srcs[0], 1), torch.full((3,), 2.0))
-        assert all(torch.equal(o, s) for o, s in zip(torch.ops.aten._foreach_copy(args.dsts, args.srcs), args.srcs))
-    by["stock"].run_once()  # outside it, the same call copies
-    assert all(torch.equal(d, s) for d, s in zip(args.dsts, args.srcs)) and [t._version for t in args.dsts] == [1, 1]
-
-
-@needs_route
-def test_null_route_works_before_any_mode_was_made():
-    # A fresh process in which no NpuFastCopyMode registered the interception kernels yet.
-    code = ("import torch\nfrom npu_dispatch.bench.suite import NullRoute\n"
-            "d, s = [torch.zeros(4)], [torch.ones(4)]\n"
-            "with NullRoute():\n    torch._foreach_copy_(d, s)\n"
-            "assert d[0].count_nonzero() == 0, d\n"
-            "torch._foreach_copy_(d, s)\nassert torch.equal(d[0], s[0])\nprint('ok')\n")
-    done = subprocess.run([sys.executable, "-c", code], env=suite.subprocess_env(), capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
-
-
-def test_no_null_route_where_the_interception_kernels_are_not_installed(monkeypatch):
-    # A torch the kernels are not tested on: the mode takes its Python path, and a probe scope
-    # would be read by no kernel (the stock call would copy), so there is no null route.
-    import npu_dispatch.mode
-
-    monkeypatch.setattr(npu_dispatch.mode, "_NO_INTERCEPTION", ["torch 9.9 is not among the versions tested"])
-    assert suite.null_route_refused() == (
-        "interception kernels not installed: torch 9.9 is not among the versions tested" if _NATIVE
-        else f"native library not loaded: {npu_dispatch._native.status()[1]}")
-    with pytest.raises(RuntimeError, match="no null route here"):
-        suite.NullRoute()
-    args = workloads.ForeachArgs([torch.zeros(3)], [torch.ones(3)])
-    assert [v.name for v in suite.variants(args)] == ["stock", "direct", "mode", "roofline"]
-    m = suite.metrics_of("foreach", {"stock": 8.0, "direct": 2.0, "mode": 4.0, "roofline": 1.0})
-    assert m["speedup_mode_ceiling"] is None and m["mode_vs_bound"] == 0.5
 
 
 # What examples/fsdp_train.py --json prints (trimmed to what the suite reads, plus a few others).
@@ -245,8 +184,6 @@ def _fake_example(monkeypatch, answer: dict | None, returncode: int = 0) -> list
 
 def test_fsdp_step_runs_the_example_once(monkeypatch):
     (w,) = workloads.by_name(["fsdp_step"])
-    if not os.path.isfile(workloads.FSDP_EXAMPLE):
-        pytest.skip("no examples/ here (a wheel install)")
     calls = _fake_example(monkeypatch, _EXAMPLE)
     # Three worker processes asked for: the example starts its own, so it runs once, here.
     row = workers.run_in_workers(w, suite.Config(1, 0.001, 1, quick=True), 3)
@@ -269,8 +206,6 @@ def test_fsdp_step_runs_the_example_once(monkeypatch):
 
 def test_fsdp_step_fails_when_slower_or_not_equal(monkeypatch):
     (w,) = workloads.by_name(["fsdp_step"])
-    if not os.path.isfile(workloads.FSDP_EXAMPLE):
-        pytest.skip("no examples/ here (a wheel install)")
     cfg = suite.Config(1, 0.001, 1, quick=True)
     _fake_example(monkeypatch, dict(_EXAMPLE, step_seconds_fast=0.06))
     row = suite.run_workload(w, cfg)
@@ -303,8 +238,6 @@ def test_fsdp_step_is_skipped_without_the_example(monkeypatch, tmp_path):
 def test_fsdp_step_reads_the_real_example():
     # One step of the real example (2 gloo ranks): its JSON has every key the row reads.
     (w,) = workloads.by_name(["fsdp_step"])
-    if not os.path.isfile(workloads.FSDP_EXAMPLE):
-        pytest.skip("no examples/ here (a wheel install)")
     one = dataclasses.replace(w, build=lambda: dataclasses.replace(w.build(), quick_steps=1))
     row = suite.run_workload(one, suite.Config(1, 0.001, 1, quick=True))
     assert "error" not in row and row["steps"] == 1 and row["world_size"] == 2
@@ -318,7 +251,7 @@ def test_fsdp_step_reads_the_real_example():
 
 
 def test_timing_merge_is_the_median_of_the_processes_medians():
-    from npu_dispatch.bench.timing import Timing
+    from benchmarks.timing import Timing
 
     # A process that ran many short blocks weighs no more than another.
     a, b, c = Timing.of([1.0, 2.0, 3.0], [2.0]), Timing.of([10.0] * 9, [10.0]), Timing.of([4.0, 6.0], [5.0])
@@ -338,7 +271,7 @@ def test_worker_processes_merge_into_one_row(capsys):
     assert result["config"]["processes"] == 2 and result["config"]["rounds"] == 1
     (row,) = result["workloads"]
     assert row["processes"] == 2 and row["bitwise_equal"] == {"direct": True, "mode": True}
-    assert set(row["times_us"]) == {"stock", "direct", "mode", "roofline"} | ({"null_route"} if _ROUTE else set())
+    assert set(row["times_us"]) == {"stock", "direct", "mode", "roofline"}
     for name, t in row["times_us"].items():
         assert len(t["round_medians_us"]) == 2 and t["blocks"] >= 2
         assert t["median_us"] == sum(row["process_medians_us"][name]) / 2
@@ -377,7 +310,7 @@ def _fake_workers(monkeypatch, answers):
     monkeypatch.setattr(subprocess, "run", fake_run)
 
 
-_VARIANTS = ["stock", "direct", "mode", "roofline", "null_route"]
+_VARIANTS = ["stock", "direct", "mode", "roofline"]
 
 
 def test_a_bitwise_miss_in_any_worker_fails_the_merged_row(monkeypatch):
@@ -405,6 +338,6 @@ def test_a_failed_or_inconsistent_worker_makes_an_error_row(monkeypatch):
 
 
 def test_merged_metrics_are_each_metrics_median():
-    per = [{"speedup_direct": 2.0, "speedup_mode_ceiling": 3.0},
-           {"speedup_direct": 4.0, "speedup_mode_ceiling": None}]
-    assert workers._merged_metrics(per) == {"speedup_direct": 3.0, "speedup_mode_ceiling": None}
+    per = [{"speedup_direct": 2.0, "efficiency_mode": 3.0},
+           {"speedup_direct": 4.0, "efficiency_mode": None}]
+    assert workers._merged_metrics(per) == {"speedup_direct": 3.0, "efficiency_mode": None}

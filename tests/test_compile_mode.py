@@ -101,6 +101,19 @@ def test_first_call_inside_the_mode_does_not_leave_the_function_eager():
     assert_same_bits(out, ref, nan_payload=False)  # fused: Inductor's bf16 cast
 
 
+def test_the_debugging_mode_does_not_stop_a_compile():
+    # strict pushes a Python dispatch mode; it declares ignore_compile_internals, so Dynamo still
+    # compiles the function inside it, once.
+    f, sh, ref, fresh = _case()
+    backend = Counting(make_backend("auto"))
+    cf = torch.compile(f, backend=backend)
+    out = fresh()
+    with npu_dispatch.NpuFastCopyMode(strict=True):
+        cf(sh, out)
+    assert backend.compiles == 1 and backend.runs == 1
+    assert_same_bits(out, ref, nan_payload=False)
+
+
 def test_plain_inductor_fallback_is_counted_by_the_mode():
     f, sh, ref, fresh = _case()
     backend = Counting(torch._inductor.compile_fx.compile_fx)

@@ -99,7 +99,7 @@ def test_all_gather_copy_in_matches_stock_on_cuda(rank):
 
 
 def test_cpu_and_cuda_mixed_in_one_list_match_stock():
-    # Stock copies a list spanning two devices pair by pair; so does the library (whole_list_route).
+    # Stock copies a list spanning two devices pair by pair; so does the library (whole_list_op).
     def make():
         g = torch.Generator().manual_seed(1)
         srcs = [torch.randn(5, generator=g), torch.randn(6, generator=g).to(DEV), torch.randn(7, generator=g).to(DEV)]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -47,3 +48,40 @@ def test_the_command_line_refuses_what_it_cannot_run():
                        (["--device", "npu", "--cann", "8.0.RC3"], "--cann needs --emulate")):
         proc = _run(*args)
         assert proc.returncode == 2 and text in proc.stderr, (args, proc.stderr[-500:])
+
+
+def _example_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fsdp_train_example", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_run_ends_with_one_verdict_line_and_no_profiler_noise():
+    proc = _run("--steps", "3", "--world-size", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines[-1].startswith("verdict: the mode served ") and "fell back, bitwise equal" in lines[-1]
+    assert "launches per step" in lines[-1] or "emulated npu: not available here" in lines[-1]
+    assert "USDT" not in proc.stdout + proc.stderr and "profiler_start" not in proc.stdout + proc.stderr
+
+
+def test_the_verdict_reads_the_band_of_the_paired_step_ratios():
+    ex = _example_module()
+    stock, fast = [9.0, 9.0, 2.0, 2.2, 2.1, 2.0], [9.0, 9.0, 1.0, 1.0, 1.0, 1.0]  # two warm-up steps
+    med, lo, hi = ex.step_ratio_band(stock, fast)
+    assert med == statistics.median([2.0, 2.2, 2.1, 2.0]) and 2.0 <= lo <= med <= hi <= 2.2
+    result = {"bitwise_equal": True, "grads_equal_every_step": True, "params_equal_every_step": True,
+              "fast_path_calls": 10, "fallback_calls": 2, "step_ratio_band": (med, lo, hi),
+              "npu_launches": {"stock": 132, "fast": 41, "cann": "8.0.RC3"}}
+    line = ex.verdict(result)
+    assert line == (f"verdict: the mode served 10 copy calls on the fast path, 2 fell back, bitwise equal; "
+                    f"step {med:.2f}x of stock's speed (faster: 95 % band {lo:.2f}x to {hi:.2f}x); "
+                    "emulated npu (CANN 8.0.RC3): 132 -> 41 launches per step")
+    result.update(step_ratio_band=(1.01, 0.97, 1.04), npu_launches=None, params_equal_every_step=False)
+    assert "bitwise DIFFERENT; step 1.01x of stock's speed (no measurable change: 95 % band 0.97x to 1.04x); " \
+           "emulated npu: not available here" in ex.verdict(result)
+    result.update(step_ratio_band=(0.9, 0.85, 0.95))
+    assert "(slower: 95 % band 0.85x to 0.95x)" in ex.verdict(result)

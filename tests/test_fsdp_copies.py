@@ -497,7 +497,7 @@ def test_the_ops_count_in_the_mode_they_run_in():
 
 # ---- long lists: the checks split between two threads ------------------------------------------
 # A list whose pass is long enough for two threads has its checks split between them, each thread
-# taking half the tensors (csrc/fsdp_copies.cpp). A tensor refused in either half, or at the seam,
+# taking half the tensors (csrc/fsdp/copies.cpp). A tensor refused in either half, or at the seam,
 # must leave the call to stock whole: its error, its writes, its result.
 
 LONG = 240  # gradients of 256..1023 elements: out is well over the serial pass's size

@@ -1,4 +1,4 @@
-"""NpuFastCopyMode's interception (csrc/intercept.h, csrc/mode_scope.h): which calls its C++
+"""NpuFastCopyMode's interception (csrc/dispatch/intercept.h, csrc/dispatch/mode_scope.h): which calls its C++
 kernels at the BackendSelect key serve, that every outcome either way is stock's (bits, versions,
 errors, return value, autograd state, warnings), that they are counted in the right mode's stats,
 and that nothing else on the dispatch path changes: no Python dispatch mode is pushed, and no op
@@ -62,7 +62,7 @@ def many():
 
 
 def large():
-    # Above the lane's 2 MB threshold: checked, then copied in a second step.
+    # Above the one-pass plan's 2 MB threshold: checked, then copied in a second step.
     return [torch.zeros(1 << 20), torch.zeros(3, dtype=bf16)], [_randn(1 << 20), _randn(3)]
 
 

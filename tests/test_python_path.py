@@ -16,7 +16,7 @@ import pytest
 from cases import PYTHON_PATH
 
 SEMANTIC = ["test_version_counter.py", "test_interception.py", "test_mode.py", "test_fsdp_copies.py",
-            "test_fast_lane.py", "test_whole_list.py", "test_fuzz.py"]
+            "test_one_pass.py", "test_whole_list.py", "test_fuzz.py"]
 
 
 @pytest.mark.skipif(PYTHON_PATH, reason="already the Python path's run")

@@ -1,4 +1,4 @@
-"""Passes beyond the last-level cache copy their bytes with streaming stores (csrc/stream_copy.h):
+"""Passes beyond the last-level cache copy their bytes with streaming stores (csrc/cpu/stream_copy.h):
 bitwise stock's result at any alignment, through every entry, nothing written outside the
 destinations, and only where the call's bytes read plus written reach the threshold. The
 foreach kernel's conversions never stream; chunk_cat's widening casts do."""
@@ -20,7 +20,7 @@ if not _native.available():
 
 THRESHOLD = _native.info()["stream_moved_bytes"]
 if THRESHOLD > 512 << 20:
-    # INT64_MAX: no AVX2 streaming stores on this CPU (csrc/stream_copy.h).
+    # INT64_MAX: no AVX2 streaming stores on this CPU (csrc/cpu/stream_copy.h).
     pytest.skip(f"streaming starts at {THRESHOLD} bytes moved here: never, or too many to test",
                 allow_module_level=True)
 
@@ -82,7 +82,7 @@ def assert_as_stock(entry, make):
 
 
 ENTRIES = {"direct": direct_copy, "op": op_copy, "mode": mode_copy}
-# (pairs, views): one lane, a list the direct op shards across threads, a coalesced run.
+# (pairs, views): one pass, a list the direct op shards across threads, a coalesced run.
 LISTS = pytest.mark.parametrize("pairs,views", [(3, False), (130, False), (130, True)],
                                 ids=["3 pairs", "130 pairs", "130 views"])
 
@@ -92,12 +92,12 @@ LISTS = pytest.mark.parametrize("pairs,views", [(3, False), (130, False), (130, 
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.bfloat16, torch.float32])
 def test_a_call_beyond_the_cache_streams_stocks_bytes(entry, pairs, views, dtype):
     make = lambda: odd_pairs(THRESHOLD // 2 + 4096, pairs, dtype, seed=pairs, views=views)  # noqa: E731
-    streamed, sharded = counter("kernel_streamed_bytes"), counter("sharded_lane_calls")
+    streamed, sharded = counter("kernel_streamed_bytes"), counter("threaded_check_calls")
     dsts = assert_as_stock(ENTRIES[entry], make)
     assert 2 * sum(d.nbytes for d in dsts) >= THRESHOLD
     assert counter("kernel_streamed_bytes") - streamed == sum(d.nbytes for d in dsts)
-    # Only the direct op shards long lists (the mode's route keeps one thread's lane).
-    assert counter("sharded_lane_calls") - sharded == (entry == "direct" and pairs >= 96)
+    # Only the direct op shards long lists (the mode's route keeps one thread's one-pass plan).
+    assert counter("threaded_check_calls") - sharded == (entry == "direct" and pairs >= 96)
 
 
 @pytest.mark.parametrize("entry", ENTRIES)

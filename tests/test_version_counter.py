@@ -30,7 +30,7 @@ def _no_version_counter(n: int) -> torch.Tensor:
 @pytest.mark.parametrize("numel", [10, 300_000])
 def test_destination_without_version_counter_as_stock(entry, context, pos, numel):
     # Stock's bump raises at that pair outside inference mode, after writing it and none after it;
-    # inside, it copies everything. The lane refuses such a destination (its keys look plain).
+    # inside, it copies everything. The one-pass plan refuses such a destination (its keys look plain).
     def call(fn):
         torch.manual_seed(pos)
         d = [torch.zeros(numel) for _ in range(4)]

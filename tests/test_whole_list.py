@@ -1,6 +1,6 @@
 """Devices whose batched kernel is exact only on the whole lists stock gives it (CUDA: see
 capabilities.py ``whole_list_only``). The call goes to stock's op whole: one foreach group where
-stock batches the list, else a whole-stock plan with reason ``whole_list_route``.
+stock batches the list, else a whole-stock plan with reason ``whole_list_op``.
 
 The rules are driven on the CPU by an override that gives CPU tensors a ``whole_list_only`` entry;
 tests/test_cuda.py checks the bits on a GPU.
@@ -16,7 +16,7 @@ from hypothesis import given, settings
 import npu_dispatch as nd
 from npu_dispatch import _native, capabilities
 from npu_dispatch.errors import FastCopyFallbackError
-from cases import assert_same, bits, build, cases, direct_copy, lane_calls, mode_copy, op_copy, run, stock_copy
+from cases import assert_same, bits, build, cases, direct_copy, one_pass_calls, mode_copy, op_copy, run, stock_copy
 
 f32, bf16, f16 = torch.float32, torch.bfloat16, torch.float16
 ENTRIES = [direct_copy, op_copy, mode_copy]
@@ -61,7 +61,7 @@ def test_a_list_stock_copies_pair_by_pair_goes_to_stock_whole(name):
     with whole_list_cpu():
         dst, src = pair_by_pair_lists()[name]
         p = nd.explain(dst, src)
-    assert p.stock_reason is not None and p.stock_reason[0] == "whole_list_route"
+    assert p.stock_reason is not None and p.stock_reason[0] == "whole_list_op"
     assert p.stock_reason[1].startswith("cuda-like: stock's batched kernel takes only whole lists")
 
 
@@ -86,7 +86,7 @@ def test_stats_count_the_batched_list_as_one_foreach_group_and_the_other_as_stoc
         torch._foreach_copy_(*pair_by_pair_lists()["two_source_dtypes"])
     s = mode.stats.as_dict()
     assert s["paths"]["foreach"] == {"calls": 1, "pairs": 240, "tensors": 240, "bytes": 60 * (5 + 17 + 64) * 2, "launches": 3}
-    assert s["paths"]["stock"]["tensors"] == 2 and s["fallback_reasons"] == {"whole_list_route": 2}
+    assert s["paths"]["stock"]["tensors"] == 2 and s["fallback_reasons"] == {"whole_list_op": 2}
 
 
 def test_strict_refuses_a_list_stock_copies_pair_by_pair_before_writing():
@@ -99,10 +99,10 @@ def test_strict_refuses_a_list_stock_copies_pair_by_pair_before_writing():
 
 @pytest.mark.skipif(not _native.available(), reason="native library not built")
 def test_the_fast_lane_leaves_such_a_device_to_the_planner():
-    before = lane_calls()
+    before = one_pass_calls()
     with whole_list_cpu():
         nd.foreach_copy_([torch.zeros(3)], [torch.ones(3)])
-    assert lane_calls() == before
+    assert one_pass_calls() == before
 
 
 @settings(max_examples=60, deadline=None)

@@ -52,7 +52,7 @@ bool cross_pair(c10::ScalarType s, c10::ScalarType d) {
 }
 
 // ATen's fast route with the cross-list dtype check left out, and one (src, dst) pair throughout.
-bool cross_route(at::TensorList self, at::TensorList src) {
+bool cross_dtype_batch(at::TensorList self, at::TensorList src) {
   const auto sd = src[0].scalar_type(), dd = self[0].scalar_type();
   if (sd == dd || !cross_pair(sd, dd)) return false;
   return at::native::check_fast_path_restrictions({self, src}, {}, false, /*skip_cross_list_dtype_check=*/true);
@@ -60,7 +60,7 @@ bool cross_route(at::TensorList self, at::TensorList src) {
 
 bool fast_route(at::TensorList self, at::TensorList src) {
   return (at::native::can_use_fast_route(self, src) && dtype_listed(src[0].scalar_type())) ||
-         cross_route(self, src);
+         cross_dtype_batch(self, src);
 }
 
 // op-plugin's check_tensor_device_dtype_base: one device (type and index) per list, the two lists

@@ -10,7 +10,7 @@ What it shows: launch counts and results. What it cannot: device time, a missing
 The kernels (``csrc/emulated_npu/``) follow PyTorch's OpenReg test backend; the ``_foreach_copy_``
 model cites the op-plugin version it follows (``csrc/emulated_npu/foreach_copy.cpp``). Built with
 ``torch.utils.cpp_extension`` at install (``pip install --no-build-isolation``), else at first use
-(then cached).
+(then cached), by the package's one loader (``npu_dispatch._loader``).
 
 Example::
 
@@ -35,6 +35,8 @@ from typing import Iterator
 
 import torch
 
+from .. import _build, _loader
+
 __all__ = ["install", "installed", "cann_version", "launches", "reset_launches", "launches_by_op", "LaunchesByOp",
            "available", "BACKEND", "DEFAULT_CANN"]
 
@@ -48,37 +50,6 @@ _build_error: str | None = None
 _NPU_TYPE = 20  # c10::DeviceType::PrivateUse1
 
 
-def _source_dir() -> Path | None:
-    from .. import _build
-
-    src = _build.source_dir(Path(__file__).resolve().parent.parent)
-    return src if src is not None and _build.emulated_npu_sources(src) else None
-
-
-def _installed_build():
-    """The extension an install built (``npu_dispatch/testing/_emulated_npu_C``), while its build
-    note matches this torch and the sources next to the package; else None."""
-    import importlib
-    import json
-
-    from .. import _build
-
-    note = Path(__file__).resolve().parent / _build.EMULATED_NPU_BUILD_INFO
-    src = _source_dir()
-    try:
-        info = json.loads(note.read_text())
-    except (OSError, ValueError):
-        return None
-    if info.get("torch") != torch.__version__:
-        return None
-    if src is not None and info.get("source_hash") != _build.source_hash(src / "emulated_npu"):
-        return None
-    try:
-        return importlib.import_module(_build.EMULATED_NPU_EXTENSION)
-    except ImportError:
-        return None
-
-
 def available() -> tuple[bool, str]:
     """Whether the emulated device can be installed here, and if not, why (no compiler, no
     sources, a real torch_npu loaded, PrivateUse1 taken)."""
@@ -87,42 +58,29 @@ def available() -> tuple[bool, str]:
     name = torch._C._get_privateuse1_backend_name()
     if name not in ("privateuseone", "npu"):
         return False, f"PrivateUse1 is already registered as {name!r}"
-    if _ext is not None or _installed_build() is not None:
+    if _ext is not None:
         return True, ""
-    if _source_dir() is None:
-        return False, "the emulated device's C++ sources (csrc/emulated_npu) are not installed"
-    if shutil.which(os.environ.get("CXX", "c++")) is None:
-        return False, "no C++ compiler: the emulated device builds with torch.utils.cpp_extension"
     if _build_error is not None:
         return False, _build_error
+    src = _loader.source_dir()
+    if src is None or not _build.EMULATED_NPU.sources(src):
+        return False, "the emulated device's C++ sources (csrc/emulated_npu) are not installed"
+    if shutil.which(os.environ.get("CXX", "c++")) is None and not (
+            Path(__file__).resolve().parent / _build.EMULATED_NPU.note).is_file():
+        return False, "no C++ compiler: the emulated device builds with torch.utils.cpp_extension"
     return True, ""
 
 
 
 def _load():
-    """The installed build, else a build at first use (torch.utils.cpp_extension, then cached)."""
+    """The installed build, else a build at first use (npu_dispatch._loader, then cached)."""
     global _ext, _build_error
-    if _ext is not None:
-        return _ext
-    _ext = _installed_build()
-    if _ext is not None:
-        return _ext
-    from torch.utils import cpp_extension
-
-    from .. import _build
-
-    src = _source_dir()
-    if src is None:
-        raise RuntimeError("npu_dispatch.testing.emulated_npu: C++ sources not found (csrc/emulated_npu)")
-    name = "npu_dispatch_emulated_npu_" + _build.source_hash(src / "emulated_npu")[:10]
-    if not (Path(cpp_extension._get_build_directory(name, False)) / f"{name}.so").is_file():
-        print("npu_dispatch: building the emulated npu device (first use only)", file=sys.stderr, flush=True)
-    try:
-        _ext = cpp_extension.load(name=name, sources=[str(s) for s in _build.emulated_npu_sources(src)],
-                                  extra_cflags=_build.EMULATED_NPU_CFLAGS, verbose=False)
-    except Exception as e:  # noqa: BLE001  kept for available()'s reason, then raised
-        _build_error = f"the emulated device did not build: {type(e).__name__}: {e}"
-        raise
+    if _ext is None:
+        try:
+            _ext = _loader.load(_build.EMULATED_NPU)[0]
+        except _loader.LoadError as e:  # kept for available()'s reason, then raised
+            _build_error = f"the emulated device did not build: {e}"
+            raise RuntimeError(f"npu_dispatch.testing.emulated_npu: {_build_error}") from e
     return _ext
 
 

@@ -1,0 +1,43 @@
+// The typed boundary between the C++ core and npu_dispatch's Python side: every plan, count
+// vector, drained counter block and check result crosses as named Python objects built here, and
+// the names themselves (reason kinds, paths, counted ops, capability flags) are exported from the
+// C++ enums they belong to (planner/plan.h, planner/execute.h, dispatch/native_stats.h,
+// planner/capability_table.h). Python keeps no list of numbers in step with C++.
+//
+// Every function returns a new reference, or nullptr with a Python error set.
+#pragma once
+
+#include <Python.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "cpu/copy_kernel.h"
+#include "planner/plan.h"
+
+namespace npu_dispatch::py {
+
+// A count vector of planner/execute.h as (flags: int, paths: {path: (tensors, bytes, launches)},
+// reasons: {kind: pairs}), each dict holding only what the call used.
+PyObject* counts(const std::vector<int64_t>& v);
+
+// Drained counters (dispatch/native_stats.h OpStats::drain) as {op: (calls, fast_calls,
+// fallback_calls, nanoseconds, {path: (calls, pairs, bytes, launches)}, {kind: (pairs, calls)})}
+// for the ops with calls; an empty vector (an unknown scope) gives None.
+PyObject* drained(const std::vector<int64_t>& v);
+
+// A Plan (planner/plan.h) as a dict: n, stock (kind name or None), stock_a, stock_b, stock_sub,
+// stock_launches (None: no device op takes the call whole), fallback_launches, runs [(members,
+// numel)], groups [(members, launches, transfer)], stages [(members, numel, adjacent, launches)],
+// fallback [(index, kind, sub)], empty [index].
+PyObject* plan(const Plan& p);
+
+// self_check()'s findings as {conversion: {"enabled", "variant", "fbgemm_split"}}.
+PyObject* conversion_checks(const std::vector<ConversionCheck>& checks);
+
+// The names the boundary uses: {"kinds", "paths", "fast_paths", "off_fast_paths", "counted_ops",
+// "capability_flags" (bit k is the k-th name's), "count_flags" ({name: bit}), "fsdp_schemas"
+// ({op name: schema} of the fsdp:: ops served, dispatch/dispatcher_facts.h)}.
+PyObject* names();
+
+}  // namespace npu_dispatch::py

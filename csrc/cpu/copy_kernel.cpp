@@ -1,0 +1,493 @@
+#include "cpu/copy_kernel.h"
+
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
+#include <ATen/TensorIterator.h>
+#include <ATen/Version.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#include "cpu/convert.h"
+#include "cpu/stream_copy.h"
+
+namespace npu_dispatch {
+namespace {
+
+constexpr int kOps = static_cast<int>(CopyOp::Count);
+
+struct OpConfig {
+  const ConvertFns* fns = nullptr;  // nullptr: refused, stock copies it
+  bool fbgemm_split = false;
+};
+
+}  // namespace
+
+struct KernelConfig {
+  std::array<OpConfig, kOps> ops{};
+};
+
+namespace {
+
+using Config = KernelConfig;
+
+std::atomic<const Config*> g_config{nullptr};
+std::atomic<int64_t> g_passes{0}, g_items{0}, g_bytes{0}, g_streamed{0};
+
+const Config* published_config() {
+  static const Config none{};
+  const Config* c = g_config.load(std::memory_order_acquire);
+  return c != nullptr ? c : &none;
+}
+
+// Bytes per unit of WorkItem::n on each side (a Memcpy item counts bytes).
+int64_t src_size(CopyOp op) {
+  switch (op) {
+    case CopyOp::Memcpy: return 1;
+    case CopyOp::BF16ToF32:
+    case CopyOp::F16ToF32: return 2;
+    default: return 4;
+  }
+}
+
+int64_t dst_size(CopyOp op) {
+  switch (op) {
+    case CopyOp::Memcpy: return 1;
+    case CopyOp::F32ToBF16:
+    case CopyOp::F32ToF16: return 2;
+    default: return 4;
+  }
+}
+
+bool op_for(at::ScalarType s, at::ScalarType d, CopyOp* op) {
+  using at::kBFloat16;
+  using at::kFloat;
+  using at::kHalf;
+  if (s == d) {
+    // A quantized copy_ also copies the quantizer: not a byte copy. Stock's bool copy writes
+    // canonical 0/1 bytes, where a byte copy would keep any other byte a bool tensor holds.
+    if (at::isQIntType(s) || s == at::kBool) return false;
+    *op = CopyOp::Memcpy;
+    return true;
+  }
+  if (s == kFloat && d == kBFloat16) *op = CopyOp::F32ToBF16;
+  else if (s == kBFloat16 && d == kFloat) *op = CopyOp::BF16ToF32;
+  else if (s == kFloat && d == kHalf) *op = CopyOp::F32ToF16;
+  else if (s == kHalf && d == kFloat) *op = CopyOp::F16ToF32;
+  else return false;
+  return true;
+}
+
+// FBGEMM's Float16ToFloat (stock copy_ takes it for contiguous or equal-stride fp16->fp32 on CPU)
+// converts blocks of 8 in hardware and the rest with a scalar routine that turns every NaN into
+// 0x7fffffff; above GRAIN_SIZE elements it runs once per at::parallel_for chunk, so the scalar
+// tails sit at the end of each chunk. Reproduce exactly those chunks.
+// `threads`: the threads stock's copy_ would split over, read on the calling thread (a one-pass plan's
+// checks may run on a worker thread).
+void add_fbgemm_chunks(std::vector<WorkItem>* items, char* dst, const char* src, int64_t n, int64_t threads) {
+  const int64_t grain = at::internal::GRAIN_SIZE;
+  int64_t chunks = 1;
+  if (n > grain && threads > 1) {
+    chunks = std::min<int64_t>(threads, (n + grain - 1) / grain);
+  }
+  const int64_t chunk = (n + chunks - 1) / chunks;
+  for (int64_t b = 0; b < n; b += chunk) {
+    const int64_t len = std::min(chunk, n - b);
+    items->push_back({dst + 4 * b, src + 2 * b, len, len / 8 * 8, CopyOp::F16ToF32});
+  }
+}
+
+bool fbgemm_layout(const at::Tensor& d, const at::Tensor& s) {
+  return (d.is_contiguous() && s.is_contiguous()) ||
+         (d.is_non_overlapping_and_dense() && d.strides() == s.strides());
+}
+
+void convert(const WorkItem& it, const OpConfig& cfg, int64_t a, int64_t b) {
+  const ConvertFns& f = *cfg.fns;
+  switch (it.op) {
+    case CopyOp::F32ToBF16:
+      f.f32_to_bf16(reinterpret_cast<const float*>(it.src) + a, reinterpret_cast<uint16_t*>(it.dst) + a, b - a);
+      return;
+    case CopyOp::BF16ToF32:
+      f.bf16_to_f32(reinterpret_cast<const uint16_t*>(it.src) + a, reinterpret_cast<float*>(it.dst) + a, b - a);
+      return;
+    case CopyOp::F32ToF16:
+      f.f32_to_f16(reinterpret_cast<const float*>(it.src) + a, reinterpret_cast<uint16_t*>(it.dst) + a, b - a);
+      return;
+    case CopyOp::F16ToF32: {
+      const auto* src = reinterpret_cast<const uint16_t*>(it.src);
+      auto* dst = reinterpret_cast<float*>(it.dst);
+      f.f16_to_f32(src + a, dst + a, b - a);
+      for (int64_t k = std::max(a, it.exact_len); k < b; ++k) {
+        if ((src[k] & 0x7c00) == 0x7c00 && (src[k] & 0x03ff) != 0) {
+          const uint32_t nan = 0x7fffffffu;
+          std::memcpy(dst + k, &nan, sizeof(nan));
+        }
+      }
+      return;
+    }
+    default:
+      TORCH_INTERNAL_ASSERT(false);
+  }
+}
+
+// Copies destination bytes [lo, hi) of one item (a byte copy with streaming stores where
+// `stream`). Element bounds round up on both ends, so the threads' byte ranges split the
+// elements without overlap or gap. Returns the bytes streamed.
+int64_t copy_range(const WorkItem& it, const Config& cfg, int64_t lo, int64_t hi, bool stream) {
+  if (it.op == CopyOp::Memcpy) {
+    if (stream) {
+      stream_copy(it.dst + lo, it.src + lo, hi - lo);
+      return hi - lo;
+    }
+    for (int64_t a = lo; a < hi; a += kMemcpyChunk) {
+      std::memcpy(it.dst + a, it.src + a, std::min(kMemcpyChunk, hi - a));
+    }
+    return 0;
+  }
+  const int64_t ds = dst_size(it.op);
+  const int64_t a = (lo + ds - 1) / ds;
+  const int64_t b = std::min(it.n, (hi + ds - 1) / ds);
+  if (a < b) convert(it, cfg.ops[static_cast<int>(it.op)], a, b);
+  return 0;
+}
+
+}  // namespace
+
+int64_t CpuCopyBatch::caller_threads() {
+  return at::in_parallel_region() ? 1 : at::get_num_threads();
+}
+
+CpuCopyBatch::CpuCopyBatch() : config_(published_config()), split_threads_(caller_threads()) {}
+
+void CpuCopyBatch::reset(int64_t split_threads) {
+  config_ = published_config();
+  split_threads_ = split_threads;
+  items_.clear();
+  ends_.clear();
+  total_ = 0;
+  moved_ = 0;
+}
+
+bool CpuCopyBatch::add_pair(const at::Tensor& dst, const at::Tensor& src) {
+  CopyOp op;
+  if (!op_for(src.scalar_type(), dst.scalar_type(), &op)) return false;
+  const int64_t n = dst.numel();
+  char* d = static_cast<char*>(dst.mutable_data_ptr());
+  const char* s = static_cast<const char*>(src.const_data_ptr());
+  if (op == CopyOp::Memcpy) {
+    items_.push_back({d, s, n * static_cast<int64_t>(dst.element_size()), 0, op});
+    return true;
+  }
+  const auto& cfg = config_->ops[static_cast<int>(op)];
+  // No 0-dim conversion gets here: the planner sends it to stock's loop (order_dependent).
+  if (cfg.fns == nullptr) return false;
+  if (cfg.fbgemm_split) {
+    if (!fbgemm_layout(dst, src)) return false;
+    if (op == CopyOp::F16ToF32) {
+      add_fbgemm_chunks(&items_, d, s, n, split_threads_);
+      return true;
+    }
+  }
+  items_.push_back({d, s, n, n, op});
+  return true;
+}
+
+bool CpuCopyBatch::dtype_op(at::ScalarType src, at::ScalarType dst, CopyOp* op, bool* mergeable) const {
+  if (!op_for(src, dst, op)) return false;
+  if (*op == CopyOp::Memcpy) {
+    *mergeable = true;
+    return true;
+  }
+  const auto& cfg = config_->ops[static_cast<int>(*op)];
+  if (cfg.fns == nullptr) return false;
+  // As add_run: FBGEMM's fp16->fp32 tails sit where each pair ends.
+  *mergeable = !(*op == CopyOp::F16ToF32 && cfg.fbgemm_split);
+  return true;
+}
+
+const ConvertFns* CpuCopyBatch::fns(CopyOp op) const { return config_->ops[static_cast<int>(op)].fns; }
+
+void CpuCopyBatch::add_fbgemm_f16_to_f32(char* dst, const char* src, int64_t numel) {
+  add_fbgemm_chunks(&items_, dst, src, numel, split_threads_);
+}
+
+bool CpuCopyBatch::add_run(at::TensorList dsts, at::TensorList srcs, const int64_t* members,
+                           int64_t count, int64_t numel) {
+  const auto& d0 = dsts[members[0]];
+  const auto& s0 = srcs[members[0]];
+  CopyOp op;
+  if (!op_for(s0.scalar_type(), d0.scalar_type(), &op)) return false;
+  const auto& cfg = config_->ops[static_cast<int>(op)];
+  if (op != CopyOp::Memcpy && cfg.fns == nullptr) return false;
+  if (op == CopyOp::F16ToF32 && cfg.fbgemm_split) {
+    // Stock copies pair by pair, each with its own scalar tail.
+    for (int64_t k = 0; k < count; ++k) {
+      add_fbgemm_chunks(&items_, static_cast<char*>(dsts[members[k]].mutable_data_ptr()),
+                        static_cast<const char*>(srcs[members[k]].const_data_ptr()),
+                        dsts[members[k]].numel(), split_threads_);
+    }
+    return true;
+  }
+  char* d = static_cast<char*>(d0.mutable_data_ptr());
+  const char* s = static_cast<const char*>(s0.const_data_ptr());
+  const int64_t n = op == CopyOp::Memcpy ? numel * static_cast<int64_t>(d0.element_size()) : numel;
+  items_.push_back({d, s, n, n, op});
+  return true;
+}
+
+void CpuCopyBatch::finish() {
+  ends_.resize(items_.size());
+  int64_t total = 0, moved = 0;
+  for (size_t k = 0; k < items_.size(); ++k) {
+    total += items_[k].n * dst_size(items_[k].op);
+    moved += items_[k].n * src_size(items_[k].op);
+    ends_[k] = total;
+  }
+  total_ = total;
+  moved_ = moved + total;
+}
+
+bool CpuCopyBatch::alternate() {
+  static thread_local bool backward = false;
+  backward = !backward;
+  return backward;
+}
+
+bool CpuCopyBatch::streams(int64_t moved_bytes) { return moved_bytes >= stream_moved_bytes(); }
+
+void CpuCopyBatch::copy_bytes(int64_t begin, int64_t end, bool backward, bool stream) const {
+  if (begin >= end) return;
+  const Config& cfg = *config_;
+  // Items [first, last) hold the range: the first ending after `begin` up to the first ending at
+  // or after `end`.
+  const size_t first = std::upper_bound(ends_.begin(), ends_.end(), begin) - ends_.begin();
+  const size_t last = std::min<size_t>(
+      items_.size(), std::lower_bound(ends_.begin() + first, ends_.end(), end) - ends_.begin() + 1);
+  int64_t streamed = 0;
+  auto one = [&](size_t k) {
+    const int64_t start = k == 0 ? 0 : ends_[k - 1];
+    streamed += copy_range(items_[k], cfg, std::max(begin, start) - start, std::min(end, ends_[k]) - start, stream);
+  };
+  if (backward) {
+    for (size_t k = last; k > first; --k) one(k - 1);
+  } else {
+    for (size_t k = first; k < last; ++k) one(k);
+  }
+  if (streamed > 0) {
+    // Streaming stores are weakly ordered: done before this thread reports its range copied.
+    stream_fence();
+    g_streamed.fetch_add(streamed, std::memory_order_relaxed);
+  }
+}
+
+void CpuCopyBatch::count_pass(int64_t items, int64_t bytes, int64_t streamed) {
+  if (streamed > 0) g_streamed.fetch_add(streamed, std::memory_order_relaxed);
+  g_passes.fetch_add(1, std::memory_order_relaxed);
+  g_items.fetch_add(items, std::memory_order_relaxed);
+  g_bytes.fetch_add(bytes, std::memory_order_relaxed);
+}
+
+void CpuCopyBatch::run(int64_t serial_moved_bytes) {
+  if (items_.empty()) return;
+  finish();
+  const bool stream = streams(moved_);
+  if (moved_ <= serial_moved_bytes) {
+    copy_bytes(0, total_, alternate(), stream);
+  } else {
+    at::parallel_for(0, total_, kCopyGrainBytes,
+                     [this, stream](int64_t b, int64_t e) { copy_bytes(b, e, alternate(), stream); });
+  }
+  count_pass(static_cast<int64_t>(items_.size()), total_);
+  items_.clear();
+}
+
+std::vector<int64_t> kernel_counters() {
+  return {g_passes.load(), g_items.load(), g_bytes.load(), g_streamed.load()};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Self-check: stock copy_ against the kernel, on the values where implementations part ways
+// (NaN payloads, signalling NaNs, -0.0, subnormals, infinities, rounding ties) at every position
+// of every short length, and on every 16-bit pattern in one tensor long enough to be chunked.
+
+namespace {
+
+uint32_t lcg(uint64_t* state) {
+  *state = *state * 6364136223846793005ULL + 1442695040888963407ULL;
+  return static_cast<uint32_t>(*state >> 32);
+}
+
+std::vector<uint32_t> f32_specials() {
+  std::vector<uint32_t> v = {
+      0x7fc00000, 0xffc00000, 0xffc12345, 0x7f800001, 0xff800001, 0x7fa00000, 0x7fbfffff,
+      0x7fffffff, 0xffffffff, 0x7f800000, 0xff800000, 0x00000000, 0x80000000, 0x00000001,
+      0x80000001, 0x007fffff, 0x807fffff, 0x00400000, 0x3f800000, 0x3f808000, 0x3f818000,
+      0x3f807fff, 0x3f80ffff, 0x7f7fffff, 0xff7fffff, 0x477fefff, 0x477ff000, 0x477fffff,
+      0x33000000, 0x33000001, 0x33800000, 0x387fc000, 0x38800000, 0x38ffe000, 0xc7800000,
+  };
+  uint64_t st = 12345;
+  for (int k = 0; k < 93; ++k) v.push_back(lcg(&st));
+  return v;
+}
+
+std::vector<uint16_t> f16ish_specials() {
+  std::vector<uint16_t> v = {0x7c01, 0xfc01, 0x7d01, 0xfd01, 0x7e00, 0xfe00, 0x7fff, 0xffff,
+                             0x7c00, 0xfc00, 0x0000, 0x8000, 0x0001, 0x8001, 0x03ff, 0x83ff,
+                             0x7f81, 0xff81, 0x7fc1, 0x7f80, 0xff80, 0x0080, 0x3c00, 0x7bff};
+  uint64_t st = 777;
+  for (int k = 0; k < 40; ++k) v.push_back(static_cast<uint16_t>(lcg(&st)));
+  return v;
+}
+
+at::ScalarType src_dtype(CopyOp op) {
+  switch (op) {
+    case CopyOp::F32ToBF16:
+    case CopyOp::F32ToF16: return at::kFloat;
+    case CopyOp::BF16ToF32: return at::kBFloat16;
+    default: return at::kHalf;
+  }
+}
+
+at::ScalarType dst_dtype(CopyOp op) {
+  switch (op) {
+    case CopyOp::F32ToBF16: return at::kBFloat16;
+    case CopyOp::F32ToF16: return at::kHalf;
+    default: return at::kFloat;
+  }
+}
+
+bool matches_stock(CopyOp op, const Config& trial) {
+  const auto sdt = src_dtype(op);
+  const auto ddt = dst_dtype(op);
+  const auto opts = at::TensorOptions().device(at::kCPU);
+  std::vector<at::Tensor> srcs;
+  if (sdt == at::kFloat) {
+    const auto pat = f32_specials();
+    for (int64_t len = 1; len <= 72; ++len) {
+      for (int64_t shift = 0; shift < 3; ++shift) {
+        auto t = at::empty({len}, opts.dtype(at::kInt));
+        auto* p = static_cast<uint32_t*>(t.mutable_data_ptr());
+        for (int64_t k = 0; k < len; ++k) p[k] = pat[(k * 7 + len + shift * 11) % pat.size()];
+        srcs.push_back(t.view(sdt));
+      }
+    }
+    const int64_t big = 2 * at::internal::GRAIN_SIZE + 37;
+    auto t = at::empty({big}, opts.dtype(at::kInt));
+    auto* p = static_cast<uint32_t*>(t.mutable_data_ptr());
+    for (int64_t k = 0; k < big; ++k) p[k] = pat[k % pat.size()];
+    srcs.push_back(t.view(sdt));
+  } else {
+    const auto pat = f16ish_specials();
+    for (int64_t len = 1; len <= 72; ++len) {
+      for (int64_t shift = 0; shift < 3; ++shift) {
+        auto t = at::empty({len}, opts.dtype(at::kShort));
+        auto* p = static_cast<uint16_t*>(t.mutable_data_ptr());
+        for (int64_t k = 0; k < len; ++k) p[k] = pat[(k * 5 + len + shift * 13) % pat.size()];
+        srcs.push_back(t.view(sdt));
+      }
+    }
+    for (const int64_t n : {int64_t{65536}, 2 * at::internal::GRAIN_SIZE + 37}) {
+      auto t = at::empty({n}, opts.dtype(at::kShort));
+      auto* p = static_cast<uint16_t*>(t.mutable_data_ptr());
+      for (int64_t k = 0; k < n; ++k) p[k] = static_cast<uint16_t>(k * 40503u);
+      srcs.push_back(t.view(sdt));
+    }
+  }
+  // Each destination starts at another element of a 64-byte line (a variant may store whole
+  // lines from the first boundary on): offsets cycle through every position as the sources go.
+  const int64_t line = 64 / static_cast<int64_t>(c10::elementSize(ddt));
+  int64_t k = 0;
+  for (const auto& s : srcs) {
+    auto want = at::empty(s.sizes(), opts.dtype(ddt));
+    want.copy_(s);
+    const int64_t off = (k++ * 7) % line;
+    auto got = at::empty({s.numel() + off}, opts.dtype(ddt)).narrow(0, off, s.numel());
+    CpuCopyBatch batch(&trial);
+    if (!batch.add_pair(got, s)) return false;
+    batch.run();
+    if (std::memcmp(want.const_data_ptr(), got.const_data_ptr(), want.nbytes()) != 0) return false;
+  }
+  return true;
+}
+
+const ConvertFns* capability_fns() {
+  const std::string cap = at::get_cpu_capability();
+  if (cap == "AVX512") return convert_fns_avx512();
+  if (cap == "AVX2") return convert_fns_avx2();
+  if (cap == "DEFAULT") return convert_fns_default();
+  return nullptr;
+}
+
+const ConvertFns* hardware_f16c_fns() {
+  if (const auto* f = convert_fns_avx512()) return f;
+  return convert_fns_avx2();
+}
+
+bool has_fbgemm() {
+  for (const auto e : at::globalContext().supportedQEngines()) {
+    if (e == at::QEngine::FBGEMM) return true;
+  }
+  return false;
+}
+
+const char* variant_name(const ConvertFns* f) { return f == nullptr ? "none" : f->name; }
+
+// CopyOp's conversions, by CopyOp value (Memcpy, at 0, has no entry of its own).
+constexpr const char* kConversionNames[] = {"memcpy", "f32->bf16", "bf16->f32", "f32->f16", "f16->f32"};
+static_assert(sizeof(kConversionNames) / sizeof(kConversionNames[0]) == static_cast<int>(CopyOp::Count));
+
+}  // namespace
+
+std::vector<ConversionCheck> self_check() {
+  static std::mutex m;
+  std::lock_guard<std::mutex> g(m);
+  // Stock must be stock: no Python mode may see (or redirect) the reference copies.
+  c10::impl::ExcludeDispatchKeyGuard no_python(
+      c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
+  stream_moved_bytes();  // its sysfs reads happen here, at load, not inside a copy's region
+  auto* cfg = new Config();  // published for the process lifetime; never freed
+  const ConvertFns* cap = capability_fns();
+  std::vector<OpConfig> f16_candidates;
+  if (has_fbgemm()) {
+    if (const auto* hw = hardware_f16c_fns()) f16_candidates.push_back({hw, true});
+  }
+  if (cap != nullptr) f16_candidates.push_back({cap, false});
+  if (!has_fbgemm()) {
+    if (const auto* hw = hardware_f16c_fns()) f16_candidates.push_back({hw, true});
+  }
+  for (int k = 1; k < kOps; ++k) {
+    const auto op = static_cast<CopyOp>(k);
+    std::vector<OpConfig> candidates;
+    if (op == CopyOp::F32ToF16 || op == CopyOp::F16ToF32) {
+      candidates = f16_candidates;
+    } else if (cap != nullptr) {
+      candidates.push_back({cap, false});
+    }
+    for (const auto& c : candidates) {
+      Config trial = *cfg;
+      trial.ops[k] = c;
+      if (matches_stock(op, trial)) {
+        cfg->ops[k] = c;
+        break;
+      }
+    }
+  }
+  g_config.store(cfg, std::memory_order_release);
+  // Memcpy is left out: a byte copy is what stock does for one dtype.
+  std::vector<ConversionCheck> out;
+  for (int k = 1; k < kOps; ++k) {
+    out.push_back({kConversionNames[k], cfg->ops[k].fns != nullptr, variant_name(cfg->ops[k].fns),
+                   cfg->ops[k].fbgemm_split});
+  }
+  return out;
+}
+
+}  // namespace npu_dispatch

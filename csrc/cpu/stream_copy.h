@@ -1,0 +1,28 @@
+// Byte copies with non-temporal (streaming) stores, for passes that move more bytes than the
+// last-level cache holds. A normal store first reads the destination line into the cache
+// (read for ownership), so a copy far beyond the cache moves each destination byte over the
+// memory bus twice; a streaming store writes the line without reading it. ATen's copy_ and
+// glibc's memcpy below its own threshold both store normally; glibc's streaming path (above
+// about 3/4 of the cache, per call) measured slower than this loop on the CI host.
+#pragma once
+
+#include <cstdint>
+
+namespace npu_dispatch {
+
+// Bytes read plus written at or above which a pass streams its stores: the size of the level-3
+// (or higher) cache CPU 0 sits under (sysfs), 32 MB where none is listed, at most 96 MiB (a
+// virtual machine's slice of a larger package cache: cpu/stream_copy.cpp); INT64_MAX
+// (never) on a CPU without AVX2 streaming stores. The first call reads sysfs: the library's
+// load makes it (self_check), not a copy. Below the cache's size normal stores win (the data
+// stays cached), beyond it streaming does (docs/notes/profile.md, "Short rounds, and streaming
+// stores beyond the cache").
+int64_t stream_moved_bytes();
+
+// Copies `n` bytes (any alignment, no overlap) with AVX2 streaming stores (memcpy on a CPU
+// without them). The stores are weakly ordered: the copying thread calls stream_fence()
+// before the pass counts as done.
+void stream_copy(char* dst, const char* src, int64_t n);
+void stream_fence();
+
+}  // namespace npu_dispatch

@@ -1,0 +1,96 @@
+#include "dispatch/dispatcher_facts.h"
+
+#include <ATen/ops/_foreach_copy.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/InferenceMode.h>
+
+#include <optional>
+#include <sstream>
+
+#include "dispatch/mode_scope.h"
+#include "dispatch/native_stats.h"
+
+namespace npu_dispatch {
+namespace {
+
+// The schemas the aten kernels of dispatch/intercept.cpp are typed on (torch 2.13 to 2.15).
+const char* const kAtenSchemas[][2] = {
+    {"aten::_foreach_copy_", "aten::_foreach_copy_(Tensor(a!)[] self, Tensor[] src, bool non_blocking=False) -> ()"},
+    {"aten::_foreach_copy", "aten::_foreach_copy(Tensor[] self, Tensor[] src, bool non_blocking=False) -> Tensor[] self_out"},
+};
+
+std::optional<c10::OperatorHandle> find(const std::string& name) {
+  return c10::Dispatcher::singleton().findOp(c10::OperatorName(name, ""));
+}
+
+}  // namespace
+
+std::vector<Fact> static_facts(const std::vector<std::string>& fsdp_ops) {
+  std::vector<Fact> facts;
+  std::vector<std::string> owned;
+  for (const auto& s : kAtenSchemas) {
+    const auto op = find(s[0]);
+    std::ostringstream found;
+    if (op) found << op->schema();
+    const bool same = op.has_value() && found.str() == s[1];
+    facts.push_back({std::string("schema of ") + s[0], same,
+                     same ? s[1] : (op ? "found " + found.str() + ", kernels typed on " + s[1] : "no such op")});
+    if (op) owned.emplace_back(s[0]);
+  }
+  const auto fc = find("aten::_foreach_copy_");
+  const bool inplace_kernel = fc && fc->hasKernelForDispatchKey(c10::DispatchKey::ADInplaceOrView);
+  facts.push_back({"no ADInplaceOrView kernel on aten::_foreach_copy_", fc.has_value() && !inplace_kernel,
+                   inplace_kernel ? "found one: its version bumps and the planner's would double"
+                                  : "the planner moves the version counters, once per destination"});
+  for (const auto& name : fsdp_ops) owned.push_back("fsdp::" + name);
+  for (const auto& name : owned) {
+    const auto op = find(name);
+    const bool implicit = op && op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+    facts.push_back({"no CompositeImplicitAutograd kernel on " + name, op.has_value() && !implicit,
+                     !op ? "no such op"
+                         : implicit ? "found one: calls decompose above BackendSelect and never reach the kernel"
+                                    : "calls reach BackendSelect"});
+  }
+  return facts;
+}
+
+Fact live_fact() {
+  Fact f{"a _foreach_copy_ in a scope reaches the kernel and moves the counter once", false, ""};
+  // A normal tensor's call from the top of the dispatcher: no inference mode. (The caller's TLS
+  // dispatch key sets stay as they are: NpuFastCopyMode() installs from ordinary Python code.)
+  c10::InferenceMode normal(false);
+  const at::Tensor d = at::zeros({2});
+  const at::Tensor s = at::full({2}, 3.0);
+  const int64_t before = d._version();
+  const int64_t id = scope_new();
+  try {
+    scope_enter(id);
+    try {
+      at::_foreach_copy_({d}, {s}, false);
+    } catch (...) {
+      scope_exit(id);
+      throw;
+    }
+    scope_exit(id);
+  } catch (const std::exception& e) {
+    scope_free(id);
+    f.detail = std::string("the call raised: ") + e.what();
+    return f;
+  }
+  const auto counts = scope_drain(id);
+  scope_free(id);
+  const int64_t calls = counts.empty() ? 0 : counts[kOpAtenForeachCopy * op_stats_len()];
+  const int64_t bumps = d._version() - before;
+  const bool copied = at::equal(d, s);
+  f.holds = calls == 1 && bumps == 1 && copied;
+  std::ostringstream o;
+  o << "kernel calls " << calls << " (1 expected), version bumps " << bumps << " (1 expected), "
+    << (copied ? "copied" : "not copied");
+  f.detail = o.str();
+  return f;
+}
+
+}  // namespace npu_dispatch

@@ -1,0 +1,272 @@
+#include "dispatch/intercept.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
+#include <ATen/MemoryOverlap.h>
+#include <torch/library.h>
+
+#include <map>
+#include <mutex>
+#include <set>
+#include <tuple>
+#include <vector>
+
+#include "planner/copy_call.h"
+#include "planner/execute.h"
+#include "fsdp/copies.h"
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+#include "dispatch/mode_scope.h"
+#include "planner/plan.h"
+
+namespace npu_dispatch {
+namespace {
+
+const c10::DispatchKeySet kAfterBackendSelect(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::BackendSelect);
+
+// The one question every interception kernel asks: the scope to serve this call in, or nullptr
+// when the call goes on below unchanged (no mode entered, the planner's own stock call, or
+// tensors of a FakeTensor's execution, which are meta).
+ModeScope* serving(const at::Tensor* first) {
+  ModeScope* s = active_scope();
+  if (s == nullptr || inside_planner() || (first != nullptr && first->is_meta())) return nullptr;
+  return s;
+}
+
+void foreach_copy_(c10::DispatchKeySet ks, at::TensorList self, at::TensorList src, bool non_blocking) {
+  ModeScope* s = serving(self.empty() ? nullptr : &self[0]);
+  if (s == nullptr) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("aten::_foreach_copy_", "")
+                               .typed<void(at::TensorList, at::TensorList, bool)>();
+    op.redispatch(ks & kAfterBackendSelect, self, src, non_blocking);
+    return;
+  }
+  const int64_t t0 = now_ns();
+  const auto counts = plan_and_run(self, src, non_blocking, false, stock_bumps(self));
+  s->stats->record(kOpAtenForeachCopy, counts, now_ns() - t0);
+}
+
+// Stock's functional variant clones each destination (contiguous where it overlaps itself) and
+// copies into the clones; every element is overwritten, so an uninitialised allocation suffices.
+at::Tensor like(const at::Tensor& d) {
+  if (d.is_contiguous() || at::has_internal_overlap(d) != at::MemOverlap::Yes) {
+    return at::empty_strided(d.sizes(), d.strides(), d.options());
+  }
+  return at::empty(d.sizes(), d.options());
+}
+
+std::vector<at::Tensor> foreach_copy(c10::DispatchKeySet ks, at::TensorList self, at::TensorList src,
+                                     bool non_blocking) {
+  ModeScope* s = serving(self.empty() ? nullptr : &self[0]);
+  if (s == nullptr) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("aten::_foreach_copy", "")
+                               .typed<std::vector<at::Tensor>(at::TensorList, at::TensorList, bool)>();
+    return op.redispatch(ks & kAfterBackendSelect, self, src, non_blocking);
+  }
+  const int64_t t0 = now_ns();
+  check_lists(self, src);  // before allocating, as stock
+  std::vector<at::Tensor> outs;
+  outs.reserve(self.size());
+  for (const auto& d : self) outs.push_back(like(d));
+  const auto counts = plan_and_run(outs, src, non_blocking, false, /*bump=*/false);
+  s->stats->record(kOpAtenForeachCopyFunctional, counts, now_ns() - t0);
+  return outs;
+}
+
+using CopyInFn = std::tuple<at::Tensor, at::Tensor>(at::TensorList, const at::Tensor&, c10::SymIntArrayRef,
+                                                    c10::SymInt, c10::SymInt);
+
+std::tuple<at::Tensor, at::Tensor> fsdp_all_gather_copy_in(c10::DispatchKeySet ks, at::TensorList inputs,
+                                                           const at::Tensor& out, c10::SymIntArrayRef sizes,
+                                                           c10::SymInt numel, c10::SymInt rank) {
+  ModeScope* s = serving(&out);
+  const auto concrete_sizes = c10::asIntArrayRefSlowOpt(sizes);
+  const auto concrete_numel = numel.maybe_as_int();
+  const auto concrete_rank = rank.maybe_as_int();
+  if (s == nullptr || !concrete_sizes || !concrete_numel || !concrete_rank) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("fsdp::all_gather_copy_in", "")
+                               .typed<CopyInFn>();
+    return op.redispatch(ks & kAfterBackendSelect, inputs, out, sizes, std::move(numel), std::move(rank));
+  }
+  const int64_t t0 = now_ns();
+  std::vector<int64_t> counts;
+  auto result = all_gather_copy_in(inputs, out, *concrete_sizes, *concrete_numel, *concrete_rank, &counts);
+  s->stats->record(kOpFsdpAllGatherCopyIn, counts, now_ns() - t0);
+  return result;
+}
+
+using SplitCopyFn = void(const at::Tensor&, c10::SymIntArrayRef, int64_t, at::TensorList);
+
+// FSDP2's all-gather copy-out (fsdp/copies.h); refused calls go on to FSDP's kernel unchanged.
+void fsdp_split_with_sizes_copy(c10::DispatchKeySet ks, const at::Tensor& src, c10::SymIntArrayRef sizes, int64_t dim,
+                                at::TensorList out) {
+  ModeScope* s = serving(&src);
+  const auto concrete = c10::asIntArrayRefSlowOpt(sizes);
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("fsdp::split_with_sizes_copy", "").typed<SplitCopyFn>();
+  if (s == nullptr || !concrete) {
+    op.redispatch(ks & kAfterBackendSelect, src, sizes, dim, out);
+    return;
+  }
+  const int64_t t0 = now_ns();
+  Kind why = Kind::MayRaise;
+  auto counts = split_with_sizes_copy(src, *concrete, dim, out, false, bumps_here(), &why);
+  if (!counts) {
+    op.redispatch(ks & kAfterBackendSelect, src, sizes, dim, out);
+    counts = stock_counts(why, std::max<int64_t>(static_cast<int64_t>(out.size()), 1), total_bytes(out));
+  }
+  s->stats->record(kOpFsdpSplitWithSizesCopy, *counts, now_ns() - t0);
+}
+
+// The reduce-scatter copy-in kernels' shared body: `serve` is the op's fsdp/copies.h entry, and a
+// call it refuses goes on to the op's own kernel unchanged.
+template <typename Fn, typename Out, typename Serve>
+void serve_chunk_cat(const c10::TypedOperatorHandle<Fn>& op, CountedOp counted, c10::DispatchKeySet ks,
+                     at::TensorList tensors, int64_t dim, int64_t num_chunks, Out& out, Serve serve) {
+  ModeScope* s = serving(&out);
+  if (s == nullptr) {
+    op.redispatch(ks & kAfterBackendSelect, tensors, dim, num_chunks, out);
+    return;
+  }
+  const int64_t t0 = now_ns();
+  Kind why = Kind::MayRaise;
+  auto counts = serve(&why);
+  if (!counts) {
+    op.redispatch(ks & kAfterBackendSelect, tensors, dim, num_chunks, out);
+    counts = stock_counts(why, std::max<int64_t>(static_cast<int64_t>(tensors.size()), 1), total_bytes({out}));
+  }
+  s->stats->record(counted, *counts, now_ns() - t0);
+}
+
+using ChunkCatFn = void(at::TensorList, int64_t, int64_t, const at::Tensor&);
+
+// FSDP2's reduce-scatter copy-in (fsdp/copies.h).
+void fsdp_chunk_cat(c10::DispatchKeySet ks, at::TensorList tensors, int64_t dim, int64_t num_chunks,
+                    const at::Tensor& out) {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("fsdp::chunk_cat", "").typed<ChunkCatFn>();
+  serve_chunk_cat(op, kOpFsdpChunkCat, ks, tensors, dim, num_chunks, out, [&](Kind* why) {
+    return chunk_cat(tensors, dim, num_chunks, out, false, bumps_here(), /*split_checks=*/false, why);
+  });
+}
+
+// (A C++ op: its kernels take out as Tensor&, and every kernel's signature must match.)
+using ChunkCatMixedFn = void(at::TensorList, int64_t, int64_t, at::Tensor&);
+
+// torch 2.15's FSDP2 reduce-scatter copy-in (fsdp/copies.h).
+void fsdp_chunk_cat_mixed_dtype(c10::DispatchKeySet ks, at::TensorList tensors, int64_t dim, int64_t num_chunks,
+                                at::Tensor& out) {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("fsdp::chunk_cat_mixed_dtype", "").typed<ChunkCatMixedFn>();
+  serve_chunk_cat(op, kOpFsdpChunkCatMixedDtype, ks, tensors, dim, num_chunks, out, [&](Kind* why) {
+    return chunk_cat_mixed_dtype(tensors, dim, num_chunks, out, false, bumps_here(), why);
+  });
+}
+
+// Which counted op a passthrough op's calls go under.
+CountedOp counted_as(const c10::OperatorName& name) {
+  if (name.name == "aten::_foreach_copy_") return kOpAtenForeachCopy;
+  if (name.name == "aten::_foreach_copy") return kOpAtenForeachCopyFunctional;
+  if (name.name == "fsdp::split_with_sizes_copy") return kOpFsdpSplitWithSizesCopy;
+  if (name.name == "fsdp::chunk_cat") return kOpFsdpChunkCat;
+  if (name.name == "fsdp::chunk_cat_mixed_dtype") return kOpFsdpChunkCatMixedDtype;
+  return kOpFsdpAllGatherCopyIn;
+}
+
+void passthrough(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  if (ModeScope* s = serving(nullptr)) {
+    // One whole call to stock, its first list's length as its pairs.
+    const size_t nargs = op.schema().arguments().size();
+    const auto& first = (*stack)[stack->size() - nargs];
+    const int64_t pairs = first.isTensorList() ? static_cast<int64_t>(first.toTensorList().size()) : 1;
+    s->stats->record(counted_as(op.operator_name()), stock_counts(Kind::Schema, pairs, 0, kExecuted), 0);
+  }
+  op.redispatchBoxed(ks & kAfterBackendSelect, stack);
+}
+
+// The in-reach marker (dispatch/intercept.h): what a call of aten::_foreach_copy_ found at ADInplaceOrView.
+thread_local int64_t t_in_reach_modes = -1;
+
+void in_reach_marker(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  struct Restore {
+    int64_t saved = t_in_reach_modes;
+    ~Restore() { t_in_reach_modes = saved; }
+  } restore;
+  t_in_reach_modes = c10::impl::TorchDispatchModeTLS::stack_len();
+  // The keyset after ADInplaceOrView, as the fallthrough there would pass it on; TLS untouched.
+  op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::ADInplaceOrView),
+                     stack);
+}
+
+// Never destroyed: the registrations last the process.
+torch::Library* library(const char* ns) {
+  return new torch::Library(torch::Library::IMPL, ns, c10::DispatchKey::BackendSelect, __FILE__, __LINE__);
+}
+
+}  // namespace
+
+void install_aten_interception() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    auto* lib = library("aten");
+    lib->impl("_foreach_copy_", TORCH_FN(foreach_copy_));
+    lib->impl("_foreach_copy", TORCH_FN(foreach_copy));
+  });
+}
+
+bool install_in_reach_marker(const std::string& op_name) {
+  static std::mutex m;
+  static std::map<std::string, bool> done;
+  std::lock_guard<std::mutex> g(m);
+  auto it = done.find(op_name);
+  if (it != done.end()) return it->second;
+  const auto pos = op_name.find("::");
+  const auto op = c10::Dispatcher::singleton().findOp(c10::OperatorName(op_name, ""));
+  const bool ok = pos != std::string::npos && op && !op->hasKernelForDispatchKey(c10::DispatchKey::ADInplaceOrView);
+  if (ok) {
+    auto* lib = new torch::Library(torch::Library::IMPL, op_name.substr(0, pos), c10::DispatchKey::ADInplaceOrView,
+                                   __FILE__, __LINE__);
+    lib->impl(op_name.substr(pos + 2).c_str(), torch::CppFunction::makeFromBoxedFunction<&in_reach_marker>());
+  }
+  done[op_name] = ok;
+  return ok;
+}
+
+int64_t in_reach_modes() { return t_in_reach_modes; }
+
+void install_fsdp_interception(const std::string& name) {
+  static std::mutex m;
+  static std::set<std::string> done;
+  std::lock_guard<std::mutex> g(m);
+  if (!done.insert(name).second) return;
+  if (name == "all_gather_copy_in") {
+    library("fsdp")->impl("all_gather_copy_in", TORCH_FN(fsdp_all_gather_copy_in));
+  } else if (name == "split_with_sizes_copy") {
+    library("fsdp")->impl("split_with_sizes_copy", TORCH_FN(fsdp_split_with_sizes_copy));
+  } else if (name == "chunk_cat") {
+    library("fsdp")->impl("chunk_cat", TORCH_FN(fsdp_chunk_cat));
+  } else if (name == "chunk_cat_mixed_dtype") {
+    library("fsdp")->impl("chunk_cat_mixed_dtype", TORCH_FN(fsdp_chunk_cat_mixed_dtype));
+  } else {
+    TORCH_CHECK(false, "npu_dispatch: no interception kernel for fsdp::", name);
+  }
+}
+
+void install_passthrough(const std::string& op_name, const std::string& overload) {
+  static std::mutex m;
+  static std::set<std::string> done;
+  std::lock_guard<std::mutex> g(m);
+  const std::string key = op_name + "." + overload;
+  if (!done.insert(key).second) return;
+  const auto pos = op_name.find("::");
+  TORCH_CHECK(pos != std::string::npos, "npu_dispatch: op name without a namespace: ", op_name);
+  auto* lib = new torch::Library(torch::Library::IMPL, op_name.substr(0, pos), c10::DispatchKey::BackendSelect,
+                                 __FILE__, __LINE__);
+  const std::string name = overload.empty() ? op_name.substr(pos + 2) : op_name.substr(pos + 2) + "." + overload;
+  lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&passthrough>());
+}
+
+}  // namespace npu_dispatch

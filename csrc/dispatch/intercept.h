@@ -1,0 +1,36 @@
+// NpuFastCopyMode's interception: C++ kernels at the BackendSelect dispatch key for the stock ops
+// the mode owns (aten::_foreach_copy_, aten::_foreach_copy, fsdp::all_gather_copy_in). A call
+// reaches BackendSelect after everything above it has acted (autograd and version counters,
+// functionalization, the Python key: tensor subclasses, fake and proxy modes), so these kernels
+// see plain tensors only. Inside an entered mode (dispatch/mode_scope.h) and outside the planner's own
+// stock calls, they run the one planner (planner/copy_call.h); anything else, and every call outside a
+// mode, is redispatched below BackendSelect unchanged: op-plugin's PrivateUse1 kernel, CUDA's,
+// ATen's, FSDP's Python kernel. Ops not listed here never meet this library.
+#pragma once
+
+#include <string>
+
+namespace npu_dispatch {
+
+// Registers the aten kernels (once per process; the registration lasts the process, and a
+// kernel with no mode entered only redispatches).
+void install_aten_interception();
+// Registers the kernel of fsdp::<name> (all_gather_copy_in, split_with_sizes_copy, chunk_cat): call
+// only once the op exists with the schema this library serves (npu_dispatch/mode.py checks it).
+void install_fsdp_interception(const std::string& name);
+// For an owned op whose installed schema is not the one this library serves: a boxed kernel
+// that counts each call inside a mode (reason "schema") and redispatches it unchanged.
+void install_passthrough(const std::string& op_name, const std::string& overload);
+
+// For NpuFastCopyMode's Python dispatch-mode path (npu_dispatch/mode.py), whose handler runs with
+// ADInplaceOrView excluded whatever the caller did: a kernel at ADInplaceOrView for an owned op
+// ("aten::_foreach_copy_", "fsdp::all_gather_copy_in", ...: default overload) that only notes, for
+// the call it passes on, that ADInplaceOrView was in reach (stock's copies would then bump their
+// destinations) and how many Python dispatch modes were on the stack. It changes nothing else; an
+// op with a kernel of its own there gets none (false). Installed once per op, for the process.
+bool install_in_reach_marker(const std::string& op_name);
+// What the innermost marked call on this thread found: the Python dispatch modes then on the
+// stack, or -1 where no marked call is under way (ADInplaceOrView was not in reach).
+int64_t in_reach_modes();
+
+}  // namespace npu_dispatch

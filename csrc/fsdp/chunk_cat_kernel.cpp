@@ -1,0 +1,52 @@
+// ChunkCatKernel (fsdp/chunk_cat_layout.h): widening casts run the conversion variant's own instance of
+// fsdp/chunk_cat_kernel.h's pass (its loop inlined), byte copies this one.
+#include "fsdp/chunk_cat_kernel.h"
+
+
+#include "cpu/convert.h"
+#include "cpu/copy_kernel.h"
+#include "cpu/stream_copy.h"
+
+namespace npu_dispatch {
+
+bool ChunkCatKernel::init(c10::ScalarType in_dtype, c10::ScalarType out_dtype) {
+  CpuCopyBatch kernel;
+  CopyOp op;
+  bool mergeable = false;
+  if (!kernel.dtype_op(in_dtype, out_dtype, &op, &mergeable) || !mergeable) return false;
+  if (op != CopyOp::Memcpy && op != CopyOp::BF16ToF32 && op != CopyOp::F16ToF32) {
+    return false;  // a narrowing cast: stock's cat rounds it
+  }
+  oes_ = static_cast<int64_t>(c10::elementSize(out_dtype));
+  cast_ = op != CopyOp::Memcpy;
+  if (cast_) {
+    const ConvertFns& f = *kernel.fns(op);
+    const bool bf16 = op == CopyOp::BF16ToF32;
+    widen_ = bf16 ? f.chunk_cat_bf16_to_f32 : f.chunk_cat_f16_to_f32;
+    widen_stream_ = bf16 ? f.chunk_cat_bf16_to_f32_stream : f.chunk_cat_f16_to_f32_stream;
+  }
+  return true;
+}
+
+bool ChunkCatKernel::streams(int64_t moved_bytes) const {
+  // A variant without streaming stores stores normally.
+  return CpuCopyBatch::streams(moved_bytes) && (!cast_ || widen_stream_ != nullptr);
+}
+
+void ChunkCatKernel::write(const ChunkCatLayout& l, int64_t lo, int64_t hi, bool stream) const {
+  const int64_t oes = oes_;
+  if (cast_) {
+    (stream ? widen_stream_ : widen_)(l, lo, hi);
+  } else if (stream) {
+    chunk_cat_range(l, oes, oes, lo, hi, [oes](char* d, const char* s, int64_t n) { stream_copy(d, s, n * oes); });
+  } else {
+    chunk_cat_range(l, oes, oes, lo, hi, [oes](char* d, const char* s, int64_t n) { std::memcpy(d, s, n * oes); });
+  }
+  if (stream) stream_fence();  // the weakly ordered stores done before the range counts as copied
+}
+
+void ChunkCatKernel::count(int64_t pairs, int64_t out_bytes, bool stream) {
+  CpuCopyBatch::count_pass(pairs, out_bytes, stream ? out_bytes : 0);
+}
+
+}  // namespace npu_dispatch

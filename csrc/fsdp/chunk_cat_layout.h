@@ -1,0 +1,53 @@
+// The layout chunk_cat's CPU pass reads (fsdp/chunk_cat_kernel.h); apart from it so that
+// cpu/convert_prelude.h includes it before a conversion variant switches on its ISA.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "cpu/convert.h"  // ChunkCatPass
+
+namespace npu_dispatch {
+
+// One input of the layout: contiguous [pre, rows, post] at `data`, counted in elements of one
+// [rows, post] slice (rows * post) and of one chunk of it (chunk * post); its region of each out
+// row starts at element `offset` and is chunk_numel elements (the chunk's rows that exist, then
+// zeros).
+struct ChunkSource {
+  const char* data;
+  int64_t slice_numel, chunk_numel, offset;
+};
+
+struct ChunkCatLayout {
+  char* out;  // contiguous [pre, num_chunks, width] of out_dtype
+  int64_t pre, num_chunks, width;
+  c10::ScalarType in_dtype, out_dtype;
+  std::vector<ChunkSource> sources;  // offsets strictly increasing, every region non-empty; gaps
+                                     // between regions (another pass's) are left unwritten
+};
+
+// The kernel that writes a layout's out as stock's _chunk_cat writes it: a byte copy, or the
+// conversion variant's widening instance of the pass (fsdp/chunk_cat_kernel.h), with streaming stores
+// where the bytes moved go past the cache. Any thread may write any split of out.
+class ChunkCatKernel {
+ public:
+  // False where the CPU pass does not reproduce the pair's bits in every split: it writes only a
+  // byte copy and a widening cast the conversion table calls mergeable (stock's cat rounds a
+  // narrowing one).
+  bool init(c10::ScalarType in_dtype, c10::ScalarType out_dtype);
+  // Whether a pass moving this many bytes (read plus written) streams its stores.
+  bool streams(int64_t moved_bytes) const;
+  // out's elements [lo, hi); fenced when streamed.
+  void write(const ChunkCatLayout& layout, int64_t lo, int64_t hi, bool stream) const;
+  // One pass of `pairs` pieces with data, in the kernel's counters.
+  static void count(int64_t pairs, int64_t out_bytes, bool stream);
+
+ private:
+  ChunkCatPass widen_ = nullptr, widen_stream_ = nullptr;  // none for a byte copy
+  int64_t oes_ = 0;
+  bool cast_ = false;
+};
+
+}  // namespace npu_dispatch

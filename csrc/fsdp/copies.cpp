@@ -1,0 +1,554 @@
+// FSDP2's all-gather copy-out and reduce-scatter copy-in (fsdp/copies.h): the checks stock's ops
+// make, then the copy-out as contiguous 1-D pieces (one CPU kernel pass, fsdp/copy_out_kernel.h, or the
+// one planner as a _foreach_copy_ of piece views on a device) and chunk_cat as one pass of fsdp/chunk_cat_kernel.h;
+// anything else is stock's op whole.
+#include "fsdp/copies.h"
+
+#include "planner/spans.h"
+
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <c10/core/GradMode.h>
+#include <ATen/record_function.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include <ATen/Parallel.h>
+#include <c10/core/impl/COW.h>
+
+#include <algorithm>
+#include <atomic>
+#include <thread>
+
+#include "planner/capability_table.h"
+#include "fsdp/chunk_cat_kernel.h"
+#include "planner/copy_call.h"
+#include "fsdp/copy_out_kernel.h"
+#include "cpu/copy_kernel.h"
+#include "planner/execute.h"
+#include "planner/plan.h"
+#include "planner/tuning.h"
+
+namespace npu_dispatch {
+namespace {
+
+// A tensor the pieces may address directly: plain strided (contiguity is checked apart, for its
+// reason), with a version counter, no lazy bit, not meta.
+bool plain(const at::Tensor& t) {
+  if (is_subclass(t) || t.layout() != at::kStrided || t.is_meta() || t.is_conj() || t.is_neg()) return false;
+  return has_version_counter(t) && copy_dtype(t.scalar_type());
+}
+
+}  // namespace
+
+
+int64_t total_bytes(at::TensorList ts) {
+  int64_t b = 0;
+  for (const auto& t : ts) b += t.numel() * static_cast<int64_t>(t.element_size());
+  return b;
+}
+
+namespace {
+
+// A device's copy-out: the rows as one _foreach_copy_ of 1-D views through the planner (its
+// groups, stages and the device's batched kernel); row o of out[i] takes src's elements from
+// (o * total + its offset) * inner. Under `strict`, a plan with any pair off the fast path writes
+// nothing (nullopt).
+std::optional<std::vector<int64_t>> device_rows(const at::Tensor& src, c10::IntArrayRef sizes, at::TensorList out,
+                                                int64_t outer, int64_t total, int64_t inner, int64_t pairs,
+                                                bool strict, Kind* why) {
+  at::AutoDispatchBelowADInplaceOrView below;  // internal views move no counter
+  std::vector<at::Tensor> d, s;
+  d.reserve(pairs);
+  s.reserve(pairs);
+  for (int64_t o = 0; o < outer; ++o) {
+    int64_t off = 0;
+    for (size_t i = 0; i < out.size(); ++i) {
+      const int64_t n = sizes[i] * inner;
+      if (n > 0) {
+        d.push_back(out[i].as_strided({n}, {1}, out[i].storage_offset() + o * n));
+        s.push_back(src.as_strided({n}, {1}, src.storage_offset() + (o * total + off) * inner));
+      }
+      off += sizes[i];
+    }
+  }
+  if (strict) {
+    const Plan plan = build_plan(d, s, *current_capabilities());
+    if (plan.stock != Kind::None || !plan.fallback.empty()) {
+      *why = plan.stock != Kind::None ? plan.stock : plan.fallback.front().kind;
+      return std::nullopt;
+    }
+  }
+  auto v = plan_and_run(d, s, false, false, /*bump=*/false);
+  v[0] = kExecuted | kBumped;
+  return v;
+}
+
+// The copy-out of checked arguments (src [outer, total, inner], out[i] [outer, sizes[i], inner],
+// all contiguous): the CPU kernel's pass (fsdp/copy_out_kernel.h) where the device's capability is a
+// host pass, else the planner; no capability, or a whole_list_only device (CUDA has stock kernels
+// of its own): nullopt.
+std::optional<std::vector<int64_t>> copy_out(const at::Tensor& src, c10::IntArrayRef sizes, at::TensorList out,
+                                             int64_t outer, int64_t total, int64_t inner, bool strict, Kind* why) {
+  const auto n = static_cast<int64_t>(out.size());
+  int64_t nonempty = 0;
+  for (const int64_t s : sizes) nonempty += s * inner > 0;
+  std::vector<int64_t> v(kCountsLen, 0);
+  v[0] = kExecuted | kBumped;
+  if (src.numel() == 0 || nonempty == 0) return v;
+  const auto caps = current_capabilities();
+  const Capability* cap = caps->get(src.device().type());
+  if (cap == nullptr) {
+    *why = Kind::NoCapability;
+    return std::nullopt;
+  }
+  if (cap->whole_list) {
+    *why = Kind::WholeListOp;
+    return std::nullopt;
+  }
+  const int64_t pairs = outer * nonempty;
+  if (cap->host_pass) {
+    CpuCopyBatch batch;
+    CopyOp op = CopyOp::Memcpy;
+    bool mergeable = true;
+    if (!batch.dtype_op(src.scalar_type(), src.scalar_type(), &op, &mergeable) || op != CopyOp::Memcpy) {
+      *why = Kind::Dtype;
+      return std::nullopt;
+    }
+    const int64_t esize = static_cast<int64_t>(src.element_size());
+    CopyOutLayout layout;
+    layout.src = static_cast<const char*>(src.const_data_ptr());
+    layout.rows = outer;
+    layout.pieces.reserve(nonempty);
+    for (int64_t i = 0; i < n; ++i) {
+      if (sizes[i] * inner > 0) layout.add(static_cast<char*>(out[i].data_ptr()), sizes[i] * inner * esize);
+    }
+    {
+      RECORD_FUNCTION("npu_dispatch::cpu_kernel", std::vector<c10::IValue>());
+      copy_out_pass(layout);
+    }
+    v[path_slot(kForeach, 0)] = pairs;
+    v[path_slot(kForeach, 1)] = outer * layout.row_bytes;
+    v[path_slot(kForeach, 2)] = 1;
+    return v;
+  }
+  return device_rows(src, sizes, out, outer, total, inner, pairs, strict, why);
+}
+
+// Stock raises for an out= argument that requires grad (and records NotImplemented for a
+// non-leaf): such calls are stock's.
+bool needs_autograd(at::TensorList a, at::TensorList b) {
+  if (!c10::GradMode::is_enabled()) return false;
+  for (const auto l : {a, b}) {
+    for (const auto& t : l) {
+      if (t.requires_grad()) return true;
+    }
+  }
+  return false;
+}
+
+bool all_contiguous(at::TensorList a, at::TensorList b) {
+  for (const auto l : {a, b}) {
+    for (const auto& t : l) {
+      if (!t.is_contiguous()) return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+std::optional<std::vector<int64_t>> split_with_sizes_copy(const at::Tensor& src, c10::IntArrayRef sizes,
+                                                          int64_t dim, at::TensorList out, bool strict, bool bump,
+                                                          Kind* why) {
+  RECORD_FUNCTION("npu_dispatch::split_with_sizes_copy", std::vector<c10::IValue>());
+  const auto n = static_cast<int64_t>(out.size());
+  *why = Kind::MayRaise;
+  bool ok = plain(src) && src.dim() > 0 && n == static_cast<int64_t>(sizes.size());
+  int64_t wrapped = 0, outer = 1, inner = 1, total = 0;
+  if (ok) {
+    ok = dim >= -src.dim() && dim < src.dim();
+    wrapped = dim < 0 ? dim + src.dim() : dim;
+  }
+  if (ok) {
+    for (const int64_t s : sizes) {
+      ok = ok && s >= 0;
+      total += s;
+    }
+    ok = ok && total == src.size(wrapped);
+    for (int64_t k = 0; k < wrapped; ++k) outer *= src.size(k);
+    for (int64_t k = wrapped + 1; k < src.dim(); ++k) inner *= src.size(k);
+  }
+  std::vector<Span> written;
+  if (ok) {
+    auto want = src.sizes().vec();
+    for (int64_t i = 0; i < n && ok; ++i) {
+      want[wrapped] = sizes[i];
+      const auto& o = out[i];
+      ok = plain(o) && o.scalar_type() == src.scalar_type() && o.device() == src.device() &&
+           o.sizes() == c10::IntArrayRef(want);
+      if (ok && o.numel() > 0) written.push_back(contiguous_span(o));
+    }
+    if (ok && writes_overlap(written, {contiguous_span(src)})) {
+      ok = false;
+      *why = Kind::Aliasing;
+    }
+  }
+  if (!ok) return std::nullopt;
+  if (needs_autograd({src}, out)) {
+    *why = Kind::Subclass;
+    return std::nullopt;
+  }
+  if (!all_contiguous({src}, out)) {
+    *why = Kind::NotDense;
+    return std::nullopt;
+  }
+  auto counts = copy_out(src, sizes, out, outer, total, inner, strict, why);
+  if (counts && bump) {
+    for (const auto& o : out) o.unsafeGetTensorImpl()->bump_version();
+  }
+  return counts;
+}
+
+namespace {
+
+// What chunk_cat's checks need of every input: the same for the whole list.
+struct ChunkCheck {
+  caffe2::TypeMeta meta;  // t0's dtype: every input's
+  int64_t elem;
+  c10::Device device;
+  bool on_cpu, grad_mode, pow2;
+  int shift;  // log2(num_chunks) where pow2
+  int64_t dim, wrapped, nd0, num_chunks, pre;
+  c10::IntArrayRef lead;  // t0's sizes before dim: every input's
+  Span out_span;
+  c10::DispatchKeySet refused_keys;
+};
+
+// The checks of a run of inputs and what they found.
+struct ChunkScan {
+  bool refused = false;  // a tensor stock may raise on or this pass does not take: the call is stock's
+  bool grad = false, contiguous = true, aliased = false;
+  int64_t width = 0, in_numel = 0, pairs = 0;
+
+  void add(const ChunkScan& o) {
+    refused = refused || o.refused;
+    grad = grad || o.grad;
+    contiguous = contiguous && o.contiguous;
+    aliased = aliased || o.aliased;
+    width += o.width, in_numel += o.in_numel, pairs += o.pairs;
+  }
+};
+
+// Stock's preconditions and the layout of inputs [k0, k1): their sources, at offsets counted from
+// the first of them. Each tensor's fields are read from its TensorImpl directly, without the
+// accessors' policy checks and virtual has_storage (their cost on a long list:
+// docs/notes/profile.md, "chunk_cat's pass"); plain()'s dtype and meta tests are the list's (t0's
+// dtype, out's device). Stops at the first tensor refused; never throws (it may run on a worker
+// that another thread waits for).
+ChunkScan scan_chunks(at::TensorList tensors, int64_t k0, int64_t k1, const ChunkCheck& c, ChunkSource* sources) {
+  ChunkScan s;
+  try {
+    for (int64_t k = k0; k < k1; ++k) {
+      const auto& t = tensors[k];
+      const c10::TensorImpl* ti = t.unsafeGetTensorImpl();
+      if (!t.defined() || ti->key_set().has_any(c.refused_keys) || t.layout() != at::kStrided ||
+          !has_version_counter(t) || ti->dtype() != c.meta || ti->numel() == 0 ||
+          ti->device_type() != c.device.type() || (!c.on_cpu && t.device() != c.device) || !ti->unsafe_storage()) {
+        s.refused = true;
+        return s;
+      }
+      // A negative dim needs every tensor of t0's ndim (stock wraps it by that), a non-negative one
+      // fewer dims than each.
+      const auto sizes = ti->sizes();
+      const auto nd = static_cast<int64_t>(sizes.size());
+      bool same_lead = c.dim < 0 ? nd == c.nd0 : c.wrapped < nd;
+      for (int64_t d = 0; same_lead && d < c.wrapped; ++d) same_lead = sizes[d] == c.lead[d];
+      if (!same_lead) {
+        s.refused = true;
+        return s;
+      }
+      const int64_t rows = sizes[c.wrapped];
+      int64_t post = 1;
+      for (int64_t d = c.wrapped + 1; d < nd; ++d) post *= sizes[d];
+      const int64_t chunk =
+          c.pow2 ? (rows + c.num_chunks - 1) >> c.shift : (rows + c.num_chunks - 1) / c.num_chunks;
+      s.grad = s.grad || (c.grad_mode && ti->autograd_meta() != nullptr && t.requires_grad());  // no call for most
+      s.contiguous = s.contiguous && ti->is_contiguous();
+      const auto start = reinterpret_cast<int64_t>(ti->unsafe_storage().data()) + ti->storage_offset() * c.elem;
+      const int64_t end = start + ti->numel() * c.elem;
+      // The library's overlap rule (planner/spans.h) for one destination: out.
+      s.aliased = s.aliased || spans_meet({static_cast<uintptr_t>(start), static_cast<uintptr_t>(end)}, c.out_span);
+      sources[k] = {reinterpret_cast<const char*>(start), rows * post, chunk * post, s.width};
+      s.width += chunk * post;
+      s.in_numel += c.pre * rows * post;
+      // ceil(rows / chunk) chunks hold data: all of them unless the last are only padding (a
+      // division only then).
+      s.pairs += c.pre * (rows > (c.num_chunks - 1) * chunk ? c.num_chunks : (rows + chunk - 1) / chunk);
+    }
+  } catch (...) {  // a tensor whose sizes cannot be read plainly (symbolic): stock's
+    s.refused = true;
+  }
+  return s;
+}
+
+// Why the call stays stock's, in the order stock's op meets the reasons, or nullopt where the pass
+// writes it. `cast_ok`: one dtype or a widening float cast; `late`: the refusals that come after
+// every tensor's (the device's capability, the kernel's dtype pair).
+std::optional<Kind> chunk_refusal(const ChunkScan& s, const at::Tensor& out, const ChunkCheck& c, bool cast_ok,
+                                  std::optional<Kind> late) {
+  if (s.refused) return Kind::MayRaise;
+  const auto os = out.sizes();
+  const auto nl = static_cast<int64_t>(c.lead.size());
+  bool shape = static_cast<int64_t>(os.size()) == nl + 2 && os[nl] == c.num_chunks && os[nl + 1] == s.width;
+  for (int64_t d = 0; shape && d < nl; ++d) shape = os[d] == c.lead[d];
+  if (!shape) return Kind::MayRaise;
+  if (s.aliased) return Kind::Aliasing;
+  if (!cast_ok) return Kind::Dtype;
+  // Stock raises for an out= argument that requires grad (and records NotImplemented for a
+  // non-leaf): such calls are stock's.
+  if (s.grad) return Kind::Subclass;
+  if (!s.contiguous) return Kind::NotDense;
+  return late;
+}
+
+// Until another thread has set `flag` (release): a spin, then yields.
+void wait_for(const std::atomic<int>& flag) {
+  for (int spins = 0; flag.load(std::memory_order_acquire) == 0; ++spins) {
+    if (spins >= 4096) std::this_thread::yield();
+  }
+}
+
+// chunk_cat's checks for a list led by t0 (dim already checked against t0's dims), with
+// GradMode's state as `grad_mode` (false where the op runs below autograd).
+ChunkCheck chunk_check(const at::Tensor& t0, const at::Tensor& out, int64_t dim, int64_t num_chunks, bool grad_mode) {
+  const int64_t nd0 = t0.dim();
+  const int64_t wrapped = dim < 0 ? dim + nd0 : dim;
+  const bool pow2 = (num_chunks & (num_chunks - 1)) == 0;  // FSDP2's world sizes usually are
+  ChunkCheck c{t0.dtype(),
+               static_cast<int64_t>(t0.dtype().itemsize()),
+               out.device(),
+               out.device().is_cpu(),
+               grad_mode,
+               pow2,
+               pow2 ? __builtin_ctzll(static_cast<unsigned long long>(num_chunks)) : 0,
+               dim,
+               wrapped,
+               nd0,
+               num_chunks,
+               1,
+               t0.sizes().slice(0, wrapped),
+               contiguous_span(out),  // only out is written: inputs may overlap each other, not out
+               subclass_or_lazy_keys()};
+  for (const int64_t s : c.lead) c.pre *= s;
+  return c;
+}
+
+// The call-level preconditions before any tensor is read: num_chunks bounded so that
+// (size + num_chunks - 1) cannot overflow, a plain out, a dim within t0's dims (past them stock
+// raises for t0, and the check's lead holds only t0's sizes).
+bool chunk_call_ok(at::TensorList tensors, int64_t dim, int64_t num_chunks, const at::Tensor& out) {
+  if (tensors.empty() || !tensors[0].defined() || num_chunks < 1 || num_chunks > (int64_t{1} << 40) || !plain(out)) {
+    return false;
+  }
+  const int64_t nd0 = tensors[0].dim();
+  return nd0 > 0 && dim >= -nd0 && dim < nd0;
+}
+
+// One dtype, or a widening float cast: any other cast is cat_out's to check (it refuses what
+// cannot be cast) and to round (its NaN bits are not copy_'s).
+bool widening_or_same(c10::ScalarType in_dt, c10::ScalarType out_dt) {
+  return in_dt == out_dt || (at::isFloatingType(in_dt) && at::isFloatingType(out_dt) &&
+                             c10::elementSize(out_dt) > c10::elementSize(in_dt));
+}
+
+// The CPU kernel where the device's capability is a host pass. Elsewhere the device's own op is
+// one call (a zero fill, the pad copies and one cat under stock); its pieces through the planner
+// would issue more launches than that. A whole_list_only device (CUDA) has a kernel of its own.
+std::optional<Kind> no_host_pass(const c10::Device& device) {
+  const auto caps = current_capabilities();
+  const Capability* cap = caps->get(device.type());
+  if (cap == nullptr || cap->whole_list || !cap->host_pass) {
+    return cap != nullptr && cap->whole_list ? Kind::WholeListOp : Kind::NoCapability;
+  }
+  return std::nullopt;
+}
+
+// out's elements written by one kernel pass over `layout`: serially up to the serial threshold of
+// bytes moved, else split across threads by out's bytes.
+void write_pass(const ChunkCatKernel& kernel, const ChunkCatLayout& layout, int64_t out_numel, int64_t oes,
+                int64_t moved, bool stream) {
+  if (moved <= kSerialMovedBytes) {
+    kernel.write(layout, 0, out_numel, stream);
+  } else {
+    at::parallel_for(0, out_numel, std::max<int64_t>(1, kCopyGrainBytes / oes),
+                     [&](int64_t lo, int64_t hi) { kernel.write(layout, lo, hi, stream); });
+  }
+}
+
+// A served chunk_cat's count vector, after its kernel counters and out's bump (with `bump`).
+std::vector<int64_t> chunk_cat_served(int64_t pairs, const at::Tensor& out, int64_t passes, bool stream, bool bump) {
+  ChunkCatKernel::count(pairs, static_cast<int64_t>(out.nbytes()), stream);
+  if (bump) out.unsafeGetTensorImpl()->bump_version();
+  std::vector<int64_t> v(kCountsLen, 0);
+  v[0] = kExecuted | kBumped;
+  v[path_slot(kForeach, 0)] = pairs;
+  v[path_slot(kForeach, 1)] = static_cast<int64_t>(out.nbytes());
+  v[path_slot(kForeach, 2)] = passes;
+  return v;
+}
+
+}  // namespace
+
+std::optional<std::vector<int64_t>> chunk_cat(at::TensorList tensors, int64_t dim, int64_t num_chunks,
+                                              const at::Tensor& out, bool strict, bool bump, bool split_checks,
+                                              Kind* why) {
+  RECORD_FUNCTION("npu_dispatch::chunk_cat", std::vector<c10::IValue>());
+  (void)strict;  // every call served is one kernel pass: nothing for strict to refuse
+  const auto n = static_cast<int64_t>(tensors.size());
+  *why = Kind::MayRaise;
+  if (!chunk_call_ok(tensors, dim, num_chunks, out)) return std::nullopt;
+  const auto& t0 = tensors[0];
+  const auto in_dt = t0.scalar_type(), out_dt = out.scalar_type();
+  if (!copy_dtype(in_dt)) return std::nullopt;
+  const ChunkCheck c = chunk_check(t0, out, dim, num_chunks, c10::GradMode::is_enabled());
+  const bool cast_ok = widening_or_same(in_dt, out_dt);
+  ChunkCatKernel kernel;
+  std::optional<Kind> late = no_host_pass(c.device);
+  if (!late && !kernel.init(in_dt, out_dt)) late = Kind::Dtype;
+  ChunkScan scan;  // out's part of the findings
+  scan.grad = c.grad_mode && out.requires_grad();
+  scan.contiguous = out.is_contiguous();
+  ChunkCatLayout layout{nullptr, c.pre, num_chunks, 0, in_dt, out_dt, std::vector<ChunkSource>(n)};
+  ChunkSource* const sources = layout.sources.data();
+  const int64_t out_numel = out.numel();
+  const int64_t oes = static_cast<int64_t>(c10::elementSize(out_dt));
+  const c10::StorageImpl* out_storage = out.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+  std::optional<Kind> refusal;
+  bool stream = false;
+  // Two threads check half the inputs each, meet, and write half of out each: one fork for the
+  // checks and the pass (docs/notes/profile.md, "chunk_cat's checks on both threads"). Only for a
+  // call the pass is sure to take up to its checks' findings, and whose out is no copy-on-write
+  // one: its mutable pointer, which materializes such an out, is taken before the checks end.
+  if (split_checks && !late && out_numel * (c.elem + oes) > kSerialMovedBytes && at::get_num_threads() > 1 &&
+      !c10::impl::cow::is_cow_data_ptr(out_storage->data_ptr())) {
+    layout.out = static_cast<char*>(out.data_ptr());
+    const int64_t split = n / 2, mid = (out_numel + 1) / 2;
+    ChunkScan halves[2];
+    std::atomic<int> first_ready{0}, second_ready{0};
+    RECORD_FUNCTION("npu_dispatch::cpu_kernel", std::vector<c10::IValue>());
+    at::parallel_for(0, 2, 1, [&](int64_t lo, int64_t hi) {
+      const bool alone = hi - lo == 2;  // one thread in the region: both halves, one after the other
+      if (alone || lo == 0) {
+        halves[0] = scan_chunks(tensors, 0, split, c, sources);
+        first_ready.store(1, std::memory_order_release);
+      }
+      if (alone || lo == 1) {
+        halves[1] = scan_chunks(tensors, split, n, c, sources);
+        wait_for(first_ready);
+        for (int64_t k = split; k < n; ++k) sources[k].offset += halves[0].width;
+        layout.width = halves[0].width + halves[1].width;
+        second_ready.store(1, std::memory_order_release);
+      }
+      wait_for(second_ready);
+      ChunkScan all = scan;
+      all.add(halves[0]);
+      all.add(halves[1]);
+      const auto why_not = chunk_refusal(all, out, c, cast_ok, late);
+      const bool streamed = kernel.streams(all.in_numel * c.elem + out_numel * oes);
+      if (!why_not) kernel.write(layout, alone || lo == 0 ? 0 : mid, alone || lo == 1 ? out_numel : mid, streamed);
+      if (alone || lo == 0) {  // read only after the region: the other thread may still read `scan`
+        refusal = why_not;
+        stream = streamed;
+      }
+    });
+    scan.add(halves[0]);
+    scan.add(halves[1]);
+  } else {
+    scan.add(scan_chunks(tensors, 0, n, c, sources));
+    layout.width = scan.width;
+    refusal = chunk_refusal(scan, out, c, cast_ok, late);
+    if (!refusal) {
+      // out's mutable pointer only once nothing refuses the call (it materializes a copy-on-write
+      // out, which stock leaves as it is where it raises).
+      layout.out = static_cast<char*>(out.data_ptr());
+      const int64_t moved = scan.in_numel * c.elem + out_numel * oes;
+      stream = kernel.streams(moved);
+      RECORD_FUNCTION("npu_dispatch::cpu_kernel", std::vector<c10::IValue>());
+      write_pass(kernel, layout, out_numel, oes, moved, stream);
+    }
+  }
+  if (refusal) {
+    *why = *refusal;
+    return std::nullopt;
+  }
+  return chunk_cat_served(scan.pairs, out, 1, stream, bump);
+}
+
+}  // namespace npu_dispatch
+
+namespace npu_dispatch {
+
+std::optional<std::vector<int64_t>> chunk_cat_mixed_dtype(at::TensorList tensors, int64_t dim, int64_t num_chunks,
+                                                          const at::Tensor& out, bool strict, bool bump, Kind* why) {
+  RECORD_FUNCTION("npu_dispatch::chunk_cat_mixed_dtype", std::vector<c10::IValue>());
+  *why = Kind::MayRaise;
+  const auto n = static_cast<int64_t>(tensors.size());
+  if (n == 0 || !tensors[0].defined()) return std::nullopt;
+  bool mixed = false;
+  for (const auto& t : tensors) mixed = mixed || !t.defined() || t.scalar_type() != tensors[0].scalar_type();
+  // One dtype: upstream's kernel is _chunk_cat.out itself.
+  if (!mixed) return chunk_cat(tensors, dim, num_chunks, out, strict, bump, /*split_checks=*/false, why);
+  if (!chunk_call_ok(tensors, dim, num_chunks, out)) return std::nullopt;
+  const auto out_dt = out.scalar_type();
+  // Upstream casts each input to out's dtype, then runs _chunk_cat.out, all below autograd (its
+  // op has no autograd kernel): no out= autograd check, so grad_mode is off here.
+  ChunkCheck c = chunk_check(tensors[0], out, dim, num_chunks, /*grad_mode=*/false);
+  std::optional<Kind> late = no_host_pass(c.device);
+  // One pass per input dtype, each writing its inputs' regions of every out row (the kernel
+  // upstream runs once per input dtype on CUDA too); each a byte copy or a widening cast.
+  std::vector<c10::ScalarType> dtypes;
+  std::vector<ChunkCatKernel> kernels;
+  bool cast_ok = true;
+  ChunkScan scan;
+  scan.contiguous = out.is_contiguous();
+  std::vector<ChunkSource> sources(n);
+  for (int64_t k = 0; k < n && !scan.refused; ++k) {
+    const auto& t = tensors[k];
+    if (!t.defined()) {
+      scan.refused = true;
+      break;
+    }
+    const auto dt = t.scalar_type();
+    if (std::find(dtypes.begin(), dtypes.end(), dt) == dtypes.end()) {
+      dtypes.push_back(dt);
+      kernels.emplace_back();
+      cast_ok = cast_ok && copy_dtype(dt) && widening_or_same(dt, out_dt);
+      if (!late && cast_ok && !kernels.back().init(dt, out_dt)) late = Kind::Dtype;
+    }
+    c.meta = t.dtype();
+    c.elem = static_cast<int64_t>(t.dtype().itemsize());
+    ChunkScan one = scan_chunks(tensors, k, k + 1, c, sources.data());
+    sources[k].offset += scan.width;
+    scan.add(one);
+  }
+  if (const auto refusal = chunk_refusal(scan, out, c, cast_ok, late)) {
+    *why = *refusal;
+    return std::nullopt;
+  }
+  const int64_t out_numel = out.numel();
+  const int64_t oes = static_cast<int64_t>(c10::elementSize(out_dt));
+  char* const out_ptr = static_cast<char*>(out.data_ptr());
+  const int64_t moved = scan.in_numel * oes + out_numel * oes;  // an upper bound of the bytes read
+  bool stream = false;
+  for (size_t g = 0; g < dtypes.size(); ++g) {
+    ChunkCatLayout layout{out_ptr, c.pre, num_chunks, scan.width, dtypes[g], out_dt, {}};
+    for (int64_t k = 0; k < n; ++k) {
+      if (tensors[k].scalar_type() == dtypes[g]) layout.sources.push_back(sources[k]);
+    }
+    const bool streamed = kernels[g].streams(moved);
+    stream = stream || streamed;
+    write_pass(kernels[g], layout, out_numel, oes, moved, streamed);
+  }
+  return chunk_cat_served(scan.pairs, out, static_cast<int64_t>(dtypes.size()), stream, bump);
+}
+
+}  // namespace npu_dispatch

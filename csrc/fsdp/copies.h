@@ -1,0 +1,60 @@
+// FSDP2's all-gather copy-out and reduce-scatter copy-in on the fast path, as
+// torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py calls them:
+//   fsdp::split_with_sizes_copy(all_gather_output.view(world, -1), sizes, dim=1, out=[...])
+//   fsdp::chunk_cat(grads, 0, world, out=reduce_scatter_input.view(world, -1))
+// The copy-out becomes a list of contiguous 1-D pieces (row r of parameter i): on a host-pass
+// device (CPU) the library's kernel copies them in one pass; on another device with a capability
+// they go to the one planner as a _foreach_copy_ of row views (its groups and the device's
+// batched kernel). chunk_cat on the CPU is one pass of fsdp/chunk_cat_kernel.h over out's elements
+// (each gradient's chunk, widened as it goes, and its zero padding); on other devices it stays
+// the device's own op (one call, fewer launches than its pieces). Anything else is refused
+// before a byte is written, and the caller runs stock's op.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "planner/execute.h"
+#include "planner/plan.h"
+
+namespace npu_dispatch {
+
+// aten::split_with_sizes_copy.out's result: out[i] = src.split_with_sizes(sizes, dim)[i]. Served
+// where src and every out[i] are contiguous, of one dtype and device, out[i] exactly the split's
+// shape and nothing overlaps; else nullopt, *why set, nothing written. With `bump`, each out[i]'s
+// version counter moves once, as stock's out= op does (none below ADInplaceOrView).
+std::optional<std::vector<int64_t>> split_with_sizes_copy(const at::Tensor& src, c10::IntArrayRef sizes,
+                                                          int64_t dim, at::TensorList out, bool strict, bool bump,
+                                                          Kind* why);
+
+// aten::_chunk_cat.out's result (aten/src/ATen/native/TensorShape.cpp _pad_chunk + cat_out): each
+// tensor zero-padded along `dim` to a multiple of num_chunks, viewed as [..., num_chunks, -1], and
+// concatenated along dim + 1 into `out`, cast to out's dtype. Served where every tensor is contiguous
+// with stock's preconditions met, out is contiguous of exactly the result's shape, the cast is one
+// the CPU kernel reproduces and out overlaps no input (inputs, only read, may overlap each other);
+// on a device without a host pass, nullopt (its own op is one call).
+// `split_checks`: whether a long list's checks may run on the pass's two threads, half the tensors
+// each. False where the caller has just written every TensorImpl (a dispatcher call takes a
+// reference to each): the second thread would fetch each one from this thread's cache, which costs
+// more than the checks it takes over (docs/notes/profile.md, "chunk_cat's checks on both threads").
+std::optional<std::vector<int64_t>> chunk_cat(at::TensorList tensors, int64_t dim, int64_t num_chunks,
+                                              const at::Tensor& out, bool strict, bool bump, bool split_checks,
+                                              Kind* why);
+
+// fsdp::chunk_cat_mixed_dtype (torch 2.15, torch/csrc/distributed/fsdp/ChunkCat.h): chunk_cat of
+// inputs that may differ in dtype, each cast to out's dtype first. One dtype: chunk_cat above. Mixed
+// (FSDP2's bf16 and fp32 gradients into an fp32 reduce-scatter input): on the CPU one pass of the
+// kernel per input dtype, each a byte copy or a widening cast, over the same preconditions as
+// chunk_cat; anything else nullopt, *why set, nothing written. No out= autograd check (upstream's
+// op runs below autograd). `bump`: out's counter once (false below ADInplaceOrView, where the op's
+// own ADInplaceOrView kernel bumps it).
+std::optional<std::vector<int64_t>> chunk_cat_mixed_dtype(at::TensorList tensors, int64_t dim, int64_t num_chunks,
+                                                          const at::Tensor& out, bool strict, bool bump, Kind* why);
+
+// The tensors' bytes (numel x element size), as their stock_counts (planner/execute.h) count them.
+int64_t total_bytes(at::TensorList ts);
+
+}  // namespace npu_dispatch

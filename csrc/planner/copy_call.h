@@ -1,0 +1,58 @@
+// One `_foreach_copy_` through the native planner: what every entry that reaches it through the
+// dispatcher runs (the interception kernels of dispatch/intercept.h, the kernels of the npu_dispatch ops,
+// the Python debugging mode's handler). The public npu_dispatch.foreach_copy_ called from Python
+// tries the one-pass plan with threaded checks first (binding/python_entry.cpp) and comes here when it refuses.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include <cstdint>
+#include <tuple>
+#include <vector>
+
+#include "planner/plan.h"
+#include "planner/tuning.h"
+
+namespace npu_dispatch {
+
+// Checks the lists (stock's errors and messages), then the one-pass plan (planner/one_pass_call.h) as the
+// planner's first pass, then the full plan against the capability table in force, and executes
+// (nothing when `strict` finds a fallback). Copies are issued below ADInplaceOrView; with `bump`,
+// each listed destination's version counter then moves once, as stock's in-place kernel does.
+// Returns the count vector of planner/execute.h. While it runs, the thread is inside_planner().
+std::vector<int64_t> plan_and_run(at::TensorList dsts, at::TensorList srcs, bool non_blocking,
+                                  bool strict, bool bump,
+                                  int64_t serial_moved_bytes = kDispatchedSerialMovedBytes);
+
+// FSDP2's all-gather copy-in, as torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py
+// all_gather_copy_in does it: narrow the output to this rank's slice, split it by the sizes, and
+// copy the inputs into the splits under no_grad (plan_and_run). Returns (slice, output), the slice a
+// view of the output; narrow and split raise stock's errors before anything is written.
+// `counts` receives the count vector.
+std::tuple<at::Tensor, at::Tensor> all_gather_copy_in(at::TensorList inputs, const at::Tensor& out,
+                                                      c10::IntArrayRef sizes, int64_t numel, int64_t rank,
+                                                      std::vector<int64_t>* counts);
+
+// The plan against the table in force, for explain(); nothing is written.
+Plan plan_of(at::TensorList dsts, at::TensorList srcs);
+
+// Stock's _foreach_copy_ with the interception kernels stepping aside (as for the planner's own
+// stock calls): the debugging mode's reference for `verify`, inside an entered mode too.
+void stock_foreach_copy(at::TensorList dsts, at::TensorList srcs, bool non_blocking);
+
+// Whether this thread is inside plan_and_run: the stock ops it issues (a device's own batched
+// kernel, stock's per-pair loop) must reach the backends, not the interception kernels again.
+bool inside_planner();
+
+// Whether an in-place or out= op called here moves its outputs' version counters: ADInplaceOrView
+// is in reach (not excluded, as it is below that key).
+inline bool bumps_here() { return !c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView); }
+
+// Whether stock's _foreach_copy_ called here would bump the destinations' version counters:
+// always, except below ADInplaceOrView, where its per-pair copy_ loop bumps none. A batched
+// kernel that bumps anyway (CUDA's) is seen by the executor, so CPU and whole_list_only devices
+// need no bump of ours there; other accelerators keep the bumps.
+bool stock_bumps(at::TensorList dsts);
+
+}  // namespace npu_dispatch

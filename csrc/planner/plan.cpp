@@ -1,0 +1,709 @@
+// The copy planner (planner/plan.h): checks each pair in list order, so the first pair that sends a call
+// to stock is the one stock's own loop would meet first; explain() decodes what it builds.
+#include "planner/plan.h"
+#include "planner/device_batching.h"
+#include "planner/spans.h"
+#include "cpu/storage_write.h"
+
+#include <ATen/MemoryOverlap.h>
+#include <ATen/native/ForeachUtils.h>
+#include <c10/core/InferenceMode.h>
+#include <c10/util/Exception.h>
+#include <c10/util/SmallVector.h>
+
+#include <algorithm>
+#include <atomic>
+#include <string>
+#include <tuple>
+
+namespace npu_dispatch {
+namespace {
+
+c10::DispatchKeySet wrapper_keys() {
+  static const c10::DispatchKeySet ks({
+      c10::DispatchKey::Python,
+      c10::DispatchKey::PythonTLSSnapshot,
+      c10::DispatchKey::Functionalize,
+      c10::DispatchKey::FuncTorchBatched,
+      c10::DispatchKey::FuncTorchGradWrapper,
+      c10::DispatchKey::BatchedNestedTensor,
+      c10::DispatchKey::ZeroTensor,
+  });
+  return ks;
+}
+
+// Tensors with a __torch_dispatch__ of their own (the Python key: DTensor,
+// FakeTensor...) to stock; a Parameter or a __torch_function__-only subclass is a plain tensor.
+// Wrapper tensors (functional, batched, zero, nested) too: they have no raw memory to write, or
+// copy_ would change their metadata too.
+}  // namespace
+
+// is_subclass's keys: a wrapper's and a nested tensor's.
+c10::DispatchKeySet subclass_keys() {
+  static const c10::DispatchKeySet ks = wrapper_keys() | c10::DispatchKeySet(c10::DispatchKey::NestedTensor);
+  return ks;
+}
+
+bool is_subclass(const at::Tensor& t) { return !t.defined() || t.key_set().has_any(subclass_keys()); }
+
+c10::DispatchKeySet subclass_or_lazy_keys() {
+  static const c10::DispatchKeySet ks =
+      subclass_keys() | c10::DispatchKeySet({c10::DispatchKey::Conjugate, c10::DispatchKey::Negative});
+  return ks;
+}
+
+namespace {
+
+// Storage-less strided tensors (lazy, XLA) have no address to compare. has_storage() is a
+// virtual call, so skip it where every strided tensor has one.
+bool addressable(const at::Tensor& t) {
+  switch (t.device().type()) {
+    case c10::DeviceType::CPU:
+    case c10::DeviceType::CUDA:
+    case c10::DeviceType::PrivateUse1:
+      return true;
+    default:
+      return t.has_storage();
+  }
+}
+
+// Dense: contiguous in some dim order.
+bool dense(const at::Tensor& t) {
+  if (t.is_contiguous() || t.is_contiguous(at::MemoryFormat::ChannelsLast)) {
+    return true;
+  }
+  c10::SmallVector<std::pair<int64_t, int64_t>, 8> dims;
+  const auto sizes = t.sizes();
+  const auto strides = t.strides();
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    if (sizes[k] != 1) {
+      dims.emplace_back(strides[k], sizes[k]);
+    }
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t expected = 1;
+  for (const auto& [st, sz] : dims) {
+    if (st != expected) {
+      return false;
+    }
+    expected *= sz;
+  }
+  return true;
+}
+
+bool same_strides(const at::Tensor& d, const at::Tensor& s) {
+  const auto sizes = d.sizes();
+  const auto ds = d.strides();
+  const auto ss = s.strides();
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    if (sizes[k] != 1 && ds[k] != ss[k]) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// torch.broadcast_shapes(src, dst) == dst
+bool broadcasts_to(c10::IntArrayRef src, c10::IntArrayRef dst) {
+  if (src.size() > dst.size()) {
+    return false;
+  }
+  const size_t off = dst.size() - src.size();
+  for (size_t k = 0; k < src.size(); ++k) {
+    if (src[k] != dst[off + k] && src[k] != 1) {
+      return false;
+    }
+  }
+  return true;
+}
+
+int64_t span_bytes(const at::Tensor& t) {
+  int64_t span = 0;
+  const auto sizes = t.sizes();
+  const auto strides = t.strides();
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    span += (sizes[k] - 1) * strides[k];
+  }
+  return (span + 1) * static_cast<int64_t>(t.element_size());
+}
+
+int64_t nbytes(const at::Tensor& t) {
+  return t.numel() * static_cast<int64_t>(t.element_size());
+}
+
+// A flat view over a run must not leave the first tensor's storage: two allocations can sit side
+// by side (caching allocators split one segment).
+bool in_one_storage(const at::Tensor& t, int64_t ptr, int64_t len) {
+  const auto& st = t.unsafeGetTensorImpl()->unsafe_storage();
+  const auto base = reinterpret_cast<int64_t>(st.data());
+  return ptr + len <= base + static_cast<int64_t>(st.nbytes());
+}
+
+struct Interval {
+  int64_t rank;  // the device's position in str(device) order, sorted by str(device)
+  int64_t start, end, index;
+  bool is_dst;
+  auto key() const { return std::make_tuple(rank, start, end, index, is_dst); }
+};
+
+struct PairInfo {
+  int64_t dptr = 0, sptr = 0;
+  bool ddense = false;
+};
+
+class Planner {
+ public:
+  Planner(at::TensorList dsts, at::TensorList srcs, const CapabilityTable& caps, bool non_blocking)
+      : dsts_(dsts), srcs_(srcs), caps_(caps), non_blocking_(non_blocking), info_(dsts.size()) {
+    plan_.n = static_cast<int64_t>(dsts.size());
+  }
+
+  Plan run() {
+    // Stock's dispatcher refuses a mutable list with a conjugate or negative view.
+    const int64_t lazy = lazy_bit_dst(dsts_);
+    if (lazy >= 0) return stock(Kind::ConjNeg, lazy, 0);
+    int64_t whole_at = -1;
+    if (const Capability* whole = whole_list_capability(&whole_at)) return whole_list(*whole, whole_at);
+    std::vector<int64_t> fast;
+    fast.reserve(dsts_.size());
+    dst_iv_.reserve(dsts_.size());
+    src_iv_.reserve(dsts_.size());
+    for (int64_t i = 0; i < plan_.n; ++i) {
+      const auto& d = dsts_[i];
+      const auto& s = srcs_[i];
+      if (is_subclass(d)) return stock(Kind::Subclass, i, 0);
+      if (is_subclass(s)) return stock(Kind::Subclass, i, 1);
+      if (d.layout() != at::kStrided) return stock(Kind::Layout, i, 0);
+      if (s.layout() != at::kStrided) return stock(Kind::Layout, i, 1);
+      const auto dd = d.device();
+      const auto sd = s.device();
+      if (dd.is_meta() || sd.is_meta()) return stock(Kind::Meta, i, 0);
+      // Storage-less strided tensors (lazy/XLA) cannot be addressed: they cannot be planned.
+      if (!addressable(d)) return stock(Kind::Subclass, i, 2);
+      if (!addressable(s)) return stock(Kind::Subclass, i, 3);
+      if (!copy_dtype(d.scalar_type()) || !copy_dtype(s.scalar_type())) {
+        return stock(Kind::MayRaise, i, 2);
+      }
+      // An inference tensor, or one given a new `.data` after being made in inference mode
+      // (plain keys, no version counter): stock's bump raises at that pair, after its write.
+      if (!has_version_counter(d) && !c10::InferenceMode::is_enabled()) {
+        return stock(Kind::MayRaise, i, 3);
+      }
+      Kind reason = Kind::None;
+      int8_t sub = 0;
+      if (d.sizes() != s.sizes()) {
+        if (!broadcasts_to(s.sizes(), d.sizes())) return stock(Kind::MayRaise, i, 0);
+        reason = Kind::Broadcast;
+      }
+      if (d.dim() == 0 && d.scalar_type() != s.scalar_type() && dd.is_cpu()) {
+        return stock(Kind::OrderDependent, i, 0);
+      }
+      if (d.numel() == 0) {
+        // Stock's copy_ asks for even an empty destination's mutable pointer; its
+        // loop takes a call where that raises or materializes.
+        if (!d.has_storage() || mutable_data_refused(d.storage())) return stock(Kind::MayRaise, i, 4);
+        plan_.empty.push_back(i);
+        continue;
+      }
+      auto& pi = info_[i];
+      pi.ddense = d.is_contiguous() || dense(d);
+      if (!pi.ddense && at::has_internal_overlap(d) == at::MemOverlap::Yes) {
+        return stock(Kind::MayRaise, i, 1);
+      }
+      // Addresses as they are now, as const_data_ptr() reads them: planning materializes no
+      // copy-on-write destination (the copy will). Such a destination still shares memory with
+      // its sibling, so the comparisons below see an overlap where the copy would not: stock's
+      // loop then takes the call, which is never wrong.
+      pi.dptr = reinterpret_cast<int64_t>(d.const_data_ptr());
+      pi.sptr = reinterpret_cast<int64_t>(s.const_data_ptr());
+      dst_iv_.push_back({device_rank(dd), pi.dptr, pi.dptr + span_bytes(d), i, true});
+      if (s.numel() != 0) {
+        src_iv_.push_back({device_rank(sd), pi.sptr, pi.sptr + span_bytes(s), i, false});
+      }
+      if (reason == Kind::None) {
+        reason = off_fast_route(d, s, pi.ddense, &sub);
+      }
+      if (reason == Kind::None) {
+        fast.push_back(i);
+      } else {
+        plan_.fallback.push_back({i, reason, sub});
+      }
+    }
+    if (first_overlap()) {
+      return std::move(plan_);
+    }
+    coalesce_and_group(fast);
+    transfer_groups();
+    if (nothing_fast_on_batching_device()) {
+      const auto f = plan_.fallback.front();
+      return stock(f.kind, f.index, f.sub);
+    }
+    plan_.fallback_launches = static_cast<int64_t>(plan_.fallback.size());
+    return std::move(plan_);
+  }
+
+ private:
+  // A whole-stock plan keeps the empty and fallback pairs found before the
+  // decision (explain shows only the reason; the stats count those pairs' reasons too).
+  Plan stock(Kind kind, int64_t a, int8_t sub, int64_t b = -1) {
+    plan_.stock = kind;
+    plan_.stock_a = a;
+    plan_.stock_b = b;
+    plan_.stock_sub = sub;
+    mark_own_op();
+    return std::move(plan_);
+  }
+
+  // A whole-stock plan on a device whose own op batches lists (device_batching.h): that op takes the
+  // call whole, as under stock.
+  void mark_own_op() {
+    if (own_op_capability(dsts_, srcs_, caps_) != nullptr) {
+      plan_.own_op = true;
+      plan_.stock_launches = device_batching(dsts_, srcs_, non_blocking_, caps_).launches;
+    }
+  }
+
+  // Source-dtype groups the device's own op sends as one batched host <-> device memcpy
+  // (device_batching.h) go to it as they are: the same launch and the same bytes as under stock.
+  void transfer_groups() {
+    const Capability* cap = own_op_capability(dsts_, srcs_, caps_);
+    if (cap == nullptr || !cap->batched_transfers) return;
+    const DeviceBatching r = device_batching(dsts_, srcs_, non_blocking_, caps_);
+    std::vector<uint8_t> moved(dsts_.size(), 0);
+    for (size_t g = 0; g < r.groups.size(); ++g) {
+      if (r.of_group[g] != DeviceBatch::Transfer) continue;
+      const auto begin = static_cast<int64_t>(plan_.group_members.size());
+      plan_.group_members.insert(plan_.group_members.end(), r.groups[g].begin(), r.groups[g].end());
+      plan_.groups.push_back({begin, static_cast<int64_t>(plan_.group_members.size()), 1, true});
+      for (const int64_t i : r.groups[g]) moved[i] = 1;
+    }
+    auto gone = [&](int64_t i) { return moved[i] != 0; };
+    plan_.fallback.erase(std::remove_if(plan_.fallback.begin(), plan_.fallback.end(),
+                                        [&](const Fallback& f) { return gone(f.index); }),
+                         plan_.fallback.end());
+    plan_.empty.erase(std::remove_if(plan_.empty.begin(), plan_.empty.end(), gone), plan_.empty.end());
+  }
+
+  // The first whole_list_only device type among the tensors
+  // (dsts, then srcs), where every tensor is a plain strided one; `at` gets its pair index.
+  const Capability* whole_list_capability(int64_t* at) {
+    const Capability* found = nullptr;
+    const int64_t n = plan_.n;
+    for (int64_t k = 0; k < 2 * n; ++k) {
+      const auto& t = k < n ? dsts_[k] : srcs_[k - n];
+      if (is_subclass(t) || t.layout() != at::kStrided || t.device().is_meta()) return nullptr;
+      if (found == nullptr) {
+        const Capability* cap = caps_.get(t.device().type());
+        if (cap != nullptr && cap->whole_list) {
+          found = cap;
+          *at = k < n ? k : k - n;
+        }
+      }
+    }
+    return found;
+  }
+
+  // ATen foreach_tensor_copy_list_kernel_cuda_'s batched kernel.
+  bool stock_batches() const {
+    const auto dev = dsts_[0].device();
+    const auto sdt = srcs_[0].scalar_type();
+    const auto ddt = dsts_[0].scalar_type();
+    for (int64_t i = 0; i < plan_.n; ++i) {
+      const auto& d = dsts_[i];
+      const auto& s = srcs_[i];
+      if (d.device() != dev || s.device() != dev || d.scalar_type() != ddt || s.scalar_type() != sdt) {
+        return false;
+      }
+      if (d.sizes() != s.sizes() || !same_strides(d, s)) return false;
+      if (!dense(d) || !dense(s)) return false;
+    }
+    return true;
+  }
+
+  // Stock takes the call whole, as one foreach group of every pair
+  // (empties included) where it batches the list, else as its per-pair copy_ loop.
+  Plan whole_list(const Capability& cap, int64_t at) {
+    if (!stock_batches()) return stock(Kind::WholeListOp, at, 0);
+    plan_.whole_list = true;
+    for (int64_t i = 0; i < plan_.n; ++i) plan_.group_members.push_back(i);
+    plan_.groups.push_back({0, plan_.n, cap.launches(plan_.n), false});
+    return std::move(plan_);
+  }
+
+  int64_t device_rank(c10::Device dev) {
+    for (size_t k = 0; k < devices_.size(); ++k) {
+      if (devices_[k] == dev) return static_cast<int64_t>(k);
+    }
+    devices_.push_back(dev);
+    return static_cast<int64_t>(devices_.size() - 1);
+  }
+
+  Kind off_fast_route(const at::Tensor& d, const at::Tensor& s, bool ddense, int8_t* sub) {
+    if (d.device() != s.device()) return Kind::Device;
+    if (!ddense) {
+      *sub = 0;
+      return Kind::NotDense;
+    }
+    if (!(s.is_contiguous() || dense(s))) {
+      *sub = 1;
+      return Kind::NotDense;
+    }
+    if (!same_strides(d, s)) return Kind::Strides;
+    if (d.is_conj() || s.is_conj() || d.is_neg() || s.is_neg()) return Kind::ConjNeg;
+    if (at::isComplexType(s.scalar_type()) && !at::isComplexType(d.scalar_type())) {
+      *sub = 0;
+      return Kind::Dtype;
+    }
+    if (caps_.get(d.device().type()) == nullptr) return Kind::NoCapability;
+    return Kind::None;
+  }
+
+  // Whether any destination overlaps another tensor of the call. Usually there is none, and
+  // the destinations (and the sources) arrive in address order: then no sort is needed.
+  bool any_overlap() {
+    if (devices_.size() != 1) return true;  // let the exact pass decide
+    // The library's overlap rule (planner/spans.h); first_overlap() names the pair stock meets.
+    std::vector<Span> dsts, srcs;
+    dsts.reserve(dst_iv_.size());
+    srcs.reserve(src_iv_.size());
+    for (const auto& iv : dst_iv_) dsts.push_back({static_cast<uintptr_t>(iv.start), static_cast<uintptr_t>(iv.end)});
+    for (const auto& iv : src_iv_) srcs.push_back({static_cast<uintptr_t>(iv.start), static_cast<uintptr_t>(iv.end)});
+    return writes_overlap(dsts, srcs);
+  }
+
+  // The first overlap, named by a fixed order of the intervals.
+  bool first_overlap() {
+    if (!any_overlap()) return false;
+    std::vector<Interval> intervals;
+    intervals.reserve(dst_iv_.size() + src_iv_.size());
+    intervals.insert(intervals.end(), dst_iv_.begin(), dst_iv_.end());
+    intervals.insert(intervals.end(), src_iv_.begin(), src_iv_.end());
+    if (devices_.size() > 1) {
+      // Sorted by str(device); ranks so far are first-seen order.
+      std::vector<std::pair<std::string, int64_t>> names;
+      for (size_t k = 0; k < devices_.size(); ++k) names.emplace_back(devices_[k].str(), k);
+      std::sort(names.begin(), names.end());
+      std::vector<int64_t> order(devices_.size());
+      for (size_t k = 0; k < names.size(); ++k) order[names[k].second] = static_cast<int64_t>(k);
+      for (auto& iv : intervals) iv.rank = order[iv.rank];
+    }
+    std::sort(intervals.begin(), intervals.end(),
+              [](const Interval& a, const Interval& b) { return a.key() < b.key(); });
+    int64_t rank = -1, end_all = -1, end_dst = -1;
+    const Interval* who_all = nullptr;
+    const Interval* who_dst = nullptr;
+    for (const auto& iv : intervals) {
+      if (iv.rank != rank) {
+        rank = iv.rank;
+        end_all = end_dst = -1;
+        who_all = who_dst = nullptr;
+      }
+      const Interval* hit = nullptr;
+      if (iv.is_dst && iv.start < end_all) {
+        hit = who_all;
+      } else if (!iv.is_dst && iv.start < end_dst) {
+        hit = who_dst;
+      }
+      if (hit != nullptr) {
+        plan_.stock = Kind::Aliasing;
+        plan_.stock_a = hit->index;
+        plan_.stock_b = iv.index;
+        plan_.stock_sub = static_cast<int8_t>((hit->is_dst ? 1 : 0) | (iv.is_dst ? 2 : 0));
+        mark_own_op();
+        return true;
+      }
+      if (iv.end > end_all) {
+        end_all = iv.end;
+        who_all = &iv;
+      }
+      if (iv.is_dst && iv.end > end_dst) {
+        end_dst = iv.end;
+        who_dst = &iv;
+      }
+    }
+    return false;
+  }
+
+  using Key = std::tuple<int, int, int, int>;  // device type, device index, src dtype, dst dtype
+
+  Key key_of(int64_t i) const {
+    const auto dev = dsts_[i].device();
+    return {static_cast<int>(dev.type()), dev.index(), static_cast<int>(srcs_[i].scalar_type()),
+            static_cast<int>(dsts_[i].scalar_type())};
+  }
+
+  // A candidate run: kept when it stays inside one storage on both sides.
+  void close_run(const std::vector<int64_t>& run, int64_t d_end, int64_t s_end,
+                 std::vector<std::vector<int64_t>>* runs, std::vector<int64_t>* numels,
+                 std::vector<int64_t>* singles) {
+    if (run.size() > 1) {
+      const auto& d0 = dsts_[run[0]];
+      const auto& s0 = srcs_[run[0]];
+      const auto& p0 = info_[run[0]];
+      const int64_t nd = d_end - p0.dptr;
+      const int64_t ns = s_end - p0.sptr;
+      if (in_one_storage(d0, p0.dptr, nd) && in_one_storage(s0, p0.sptr, ns)) {
+        runs->push_back(run);
+        numels->push_back(nd / static_cast<int64_t>(d0.element_size()));
+        return;
+      }
+    }
+    singles->insert(singles->end(), run.begin(), run.end());
+  }
+
+  // On a device whose kernel batches many pairs a launch, a run costs one launch where its pairs
+  // might ride along in a launch their group makes anyway: per (device, dtypes) key, keep the
+  // largest runs only while that issues fewer launches (ties keep the flat copy).
+  void dissolve_runs(std::vector<std::vector<int64_t>>* runs, std::vector<int64_t>* numels,
+                     std::vector<int64_t>* singles) {
+    std::vector<Key> keys;
+    for (const auto& r : *runs) {
+      const Key k = key_of(r[0]);
+      if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+    }
+    std::vector<uint8_t> drop(runs->size(), 0);
+    for (const Key& k : keys) {
+      const Capability* cap = caps_.get(static_cast<c10::DeviceType>(std::get<0>(k)));
+      if (cap == nullptr || cap->max_per_launch == 0 || cap->host_pass ||
+          !cap->supports(static_cast<c10::ScalarType>(std::get<2>(k)), static_cast<c10::ScalarType>(std::get<3>(k)))) {
+        continue;
+      }
+      std::vector<size_t> mine;
+      for (size_t r = 0; r < runs->size(); ++r) {
+        if (key_of((*runs)[r][0]) == k) mine.push_back(r);
+      }
+      std::stable_sort(mine.begin(), mine.end(),
+                       [&](size_t a, size_t b) { return (*runs)[a].size() > (*runs)[b].size(); });
+      int64_t pooled = 0;
+      for (const int64_t i : *singles) pooled += key_of(i) == k ? 1 : 0;
+      // cost(kept) = kept + launches(pooled + members of the runs not kept), kept = |mine| .. 0
+      size_t best_kept = mine.size();
+      int64_t best = static_cast<int64_t>(mine.size()) + (pooled ? cap->launches(pooled) : 0);
+      int64_t extra = 0;
+      for (size_t kept = mine.size(); kept-- > 0;) {
+        extra += static_cast<int64_t>((*runs)[mine[kept]].size());
+        const int64_t cost = static_cast<int64_t>(kept) + cap->launches(pooled + extra);
+        if (cost < best) {
+          best = cost;
+          best_kept = kept;
+        }
+      }
+      for (size_t j = best_kept; j < mine.size(); ++j) drop[mine[j]] = 1;
+    }
+    size_t w = 0;
+    for (size_t r = 0; r < runs->size(); ++r) {
+      if (drop[r]) {
+        singles->insert(singles->end(), (*runs)[r].begin(), (*runs)[r].end());
+      } else {
+        if (w != r) {
+          (*runs)[w] = std::move((*runs)[r]);
+          (*numels)[w] = (*numels)[r];
+        }
+        ++w;
+      }
+    }
+    runs->resize(w);
+    numels->resize(w);
+  }
+
+  // Stages a cross-dtype group the kernel cannot convert (planner/plan.h, Stage) when that issues fewer
+  // launches than its pairs' one copy each. Needs contiguous tensors, the kernel's same-dtype op
+  // for the sources (and for the destinations, where they are not one adjacent run), and a
+  // scratch budget (stage_bytes); chunks keep each one's scratch within it.
+  bool stage(const std::vector<int64_t>& idx, const Capability& cap) {
+    const auto st = srcs_[idx[0]].scalar_type();
+    const auto dt = dsts_[idx[0]].scalar_type();
+    if (cap.max_per_launch == 0 || cap.stage_bytes <= 0 || !cap.supports(st, st)) return false;
+    for (const int64_t i : idx) {
+      if (!srcs_[i].is_contiguous() || !dsts_[i].is_contiguous()) return false;
+    }
+    // Where the destinations are one adjacent run in one storage, every chunk of them is too,
+    // and the scratch holds the sources only; else it holds a destination-dtype copy as well.
+    bool adjacent = true;
+    int64_t span = 0;
+    for (size_t k = 0; k < idx.size() && adjacent; ++k) {
+      const int64_t i = idx[k];
+      adjacent = info_[i].dptr == info_[idx[0]].dptr + span;
+      span += nbytes(dsts_[i]);
+    }
+    adjacent = adjacent && in_one_storage(dsts_[idx[0]], info_[idx[0]].dptr, span);
+    if (!adjacent && !cap.supports(dt, dt)) return false;
+    struct Chunk {
+      size_t begin, end;
+      int64_t numel;
+    };
+    std::vector<Chunk> chunks;
+    int64_t bytes = 0;
+    for (size_t k = 0; k < idx.size(); ++k) {
+      const int64_t i = idx[k];
+      const int64_t b = nbytes(srcs_[i]) + (adjacent ? 0 : nbytes(dsts_[i]));
+      if (chunks.empty() || bytes + b > cap.stage_bytes) {
+        chunks.push_back({k, k + 1, dsts_[i].numel()});
+        bytes = b;
+        continue;
+      }
+      chunks.back().end = k + 1;
+      chunks.back().numel += dsts_[i].numel();
+      bytes += b;
+    }
+    // A chunk is staged only where it issues fewer launches than its pairs copied one by one (a
+    // tensor over the budget is a chunk of one: it stays a plain copy). Returns true: every pair
+    // is staged or a fallback.
+    for (const auto& c : chunks) {
+      const int64_t n = static_cast<int64_t>(c.end - c.begin);
+      const int64_t launches = cap.launches(n) + 1 + (adjacent ? 0 : cap.launches(n));
+      int64_t bytes_c = 0;
+      for (size_t k = c.begin; k < c.end; ++k) {
+        bytes_c += nbytes(srcs_[idx[k]]) + (adjacent ? 0 : nbytes(dsts_[idx[k]]));
+      }
+      if (launches >= n || bytes_c > cap.stage_bytes) {
+        for (size_t k = c.begin; k < c.end; ++k) plan_.fallback.push_back({idx[k], Kind::Dtype, 1});
+        continue;
+      }
+      const auto begin = static_cast<int64_t>(plan_.stage_members.size());
+      plan_.stage_members.insert(plan_.stage_members.end(), idx.begin() + c.begin, idx.begin() + c.end);
+      plan_.stages.push_back({begin, static_cast<int64_t>(plan_.stage_members.size()), c.numel, adjacent, launches});
+    }
+    return true;
+  }
+
+  void coalesce_and_group(const std::vector<int64_t>& fast) {
+    std::vector<int64_t> singles, run, numels;
+    std::vector<std::vector<int64_t>> runs;
+    int64_t d_end = -1, s_end = -1;
+    for (const int64_t i : fast) {
+      const auto& d = dsts_[i];
+      const auto& s = srcs_[i];
+      const auto& pi = info_[i];
+      if (!run.empty()) {
+        const auto& pd = dsts_[run.back()];
+        const auto& ps = srcs_[run.back()];
+        if (pi.dptr == d_end && pi.sptr == s_end && d.scalar_type() == pd.scalar_type() &&
+            s.scalar_type() == ps.scalar_type() && d.device() == pd.device() &&
+            d.is_contiguous() && s.is_contiguous()) {
+          run.push_back(i);
+          d_end += nbytes(d);
+          s_end += nbytes(s);
+          continue;
+        }
+        close_run(run, d_end, s_end, &runs, &numels, &singles);
+        run.clear();
+      }
+      if (d.is_contiguous() && s.is_contiguous()) {
+        run.push_back(i);
+        d_end = pi.dptr + nbytes(d);
+        s_end = pi.sptr + nbytes(s);
+      } else {
+        singles.push_back(i);
+      }
+    }
+    close_run(run, d_end, s_end, &runs, &numels, &singles);
+    if (!runs.empty()) dissolve_runs(&runs, &numels, &singles);
+    for (size_t r = 0; r < runs.size(); ++r) {
+      const auto begin = static_cast<int64_t>(plan_.run_members.size());
+      plan_.run_members.insert(plan_.run_members.end(), runs[r].begin(), runs[r].end());
+      plan_.runs.push_back({begin, static_cast<int64_t>(plan_.run_members.size()), numels[r]});
+    }
+
+    std::sort(singles.begin(), singles.end());
+    // Groups in order of first appearance, as first seen. Few keys: a linear scan, starting
+    // from the last key hit (neighbours usually share one).
+    std::vector<Key> keys;
+    std::vector<std::vector<int64_t>> members;
+    size_t last = 0;
+    for (const int64_t i : singles) {
+      const Key k = key_of(i);
+      if (keys.empty() || keys[last] != k) {
+        last = std::find(keys.begin(), keys.end(), k) - keys.begin();
+        if (last == keys.size()) {
+          keys.push_back(k);
+          members.emplace_back();
+        }
+      }
+      members[last].push_back(i);
+    }
+    for (size_t g = 0; g < members.size(); ++g) {
+      const auto& idx = members[g];
+      const auto& d0 = dsts_[idx[0]];
+      const Capability* cap = caps_.get(d0.device().type());
+      if (cap != nullptr && cap->supports(srcs_[idx[0]].scalar_type(), d0.scalar_type())) {
+        const auto begin = static_cast<int64_t>(plan_.group_members.size());
+        plan_.group_members.insert(plan_.group_members.end(), idx.begin(), idx.end());
+        plan_.groups.push_back({begin, static_cast<int64_t>(plan_.group_members.size()),
+                                cap->launches(static_cast<int64_t>(idx.size())), false});
+        continue;
+      }
+      if (cap != nullptr && stage(idx, *cap)) continue;
+      for (const int64_t i : idx) plan_.fallback.push_back({i, Kind::Dtype, 1});
+    }
+    std::sort(plan_.fallback.begin(), plan_.fallback.end(),
+              [](const Fallback& a, const Fallback& b) { return a.index < b.index; });
+  }
+
+  // Nothing of the call takes a fast path, on a device whose own op batches (op-plugin's batched
+  // H2D / D2H memcpy, its aclnnForeachCopy): that op takes the call whole, as stock, never in more
+  // launches than pair by pair.
+  bool nothing_fast_on_batching_device() const {
+    if (!plan_.runs.empty() || !plan_.groups.empty() || !plan_.stages.empty() || plan_.fallback.empty()) {
+      return false;
+    }
+    const auto& f = plan_.fallback.front();
+    for (const auto* t : {&dsts_[f.index], &srcs_[f.index]}) {
+      const Capability* cap = caps_.get(t->device().type());
+      if (cap != nullptr && cap->max_per_launch > 0 && !cap->host_pass) return true;
+    }
+    return false;
+  }
+
+  at::TensorList dsts_, srcs_;
+  const CapabilityTable& caps_;
+  bool non_blocking_;
+  std::vector<PairInfo> info_;
+  std::vector<Interval> dst_iv_, src_iv_;
+  std::vector<c10::Device> devices_;
+  Plan plan_;
+};
+
+}  // namespace
+
+int64_t lazy_bit_dst(at::TensorList dsts) {
+  for (size_t i = 0; i < dsts.size(); ++i) {
+    const auto& d = dsts[i];
+    if (d.defined() && (d.is_conj() || d.is_neg())) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+bool copy_dtype(c10::ScalarType t) {
+  switch (t) {
+    case at::kBool: case at::kByte: case at::kChar: case at::kShort: case at::kInt:
+    case at::kLong: case at::kHalf: case at::kBFloat16: case at::kFloat: case at::kDouble:
+    case at::kComplexFloat: case at::kComplexDouble:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void check_lists(at::TensorList dsts, at::TensorList srcs) {
+  // ATen check_foreach_api_restrictions: both lists non-empty, then equal lengths.
+  TORCH_CHECK(!dsts.empty() && !srcs.empty(), "Tensor list must have at least one tensor.");
+  TORCH_CHECK(dsts.size() == srcs.size(), "Tensor lists must have the same number of tensors, got ",
+              dsts.size(), " and ", srcs.size());
+}
+
+std::vector<uint8_t> stock_keeps_version(at::TensorList dsts, at::TensorList srcs, bool non_blocking,
+                                         const CapabilityTable& caps) {
+  const DeviceBatching r = device_batching(dsts, srcs, non_blocking, caps);
+  if (r.cap == nullptr) return {};
+  std::vector<uint8_t> keep(dsts.size(), 0);
+  for (size_t i = 0; i < keep.size(); ++i) keep[i] = r.of_pair[i] != DeviceBatch::PerTensor;
+  return keep;
+}
+
+Plan build_plan(at::TensorList dsts, at::TensorList srcs, const CapabilityTable& caps, bool non_blocking) {
+  return Planner(dsts, srcs, caps, non_blocking).run();
+}
+
+
+}  // namespace npu_dispatch
