@@ -51,7 +51,7 @@ def _extension():
 
         def build_extension(self, ext):
             spec = by_name[ext.name]
-            info = {"source_hash": spec.source_hash(src), "torch": torch.__version__}
+            info = spec.note_for(src, torch)
             built = Path(self.get_ext_fullpath(ext.name))
             in_tree = HERE / "npu_dispatch" / spec.package / built.name
             note = in_tree.parent / spec.note
@@ -60,7 +60,7 @@ def _extension():
                     built.parent.mkdir(parents=True, exist_ok=True)
                     shutil.copyfile(in_tree, built)
                     (built.parent / spec.note).write_text(json.dumps(info))
-                _say(f"{ext.name}: reusing the build in {in_tree.parent} (same sources, torch {torch.__version__})")
+                _say(f"{ext.name}: reusing the build in {in_tree.parent} (same sources, flags and torch {torch.__version__})")
                 return
             _say(f"building {ext.name} for torch {torch.__version__} ({len(ext.sources)} files)")
             start = time.perf_counter()
@@ -91,7 +91,7 @@ def _extension():
             optional=True,  # setuptools skips a failed optional build, also when copying an editable one
             sources=[str(p.relative_to(HERE)) for p in spec.sources(src)],
             include_dirs=spec.include_dirs(src),
-            extra_compile_args=spec.compile_args(src, torch),
+            extra_compile_args=spec.compile_args(torch),
             extra_link_args=spec.link_args(torch),
         )
         for spec in build.EXTENSIONS

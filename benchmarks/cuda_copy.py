@@ -1,6 +1,6 @@
 """Stock vs npu_dispatch on a CUDA device: median time per call and kernels launched per call.
 
-    python benchmarks/cuda_copy.py [--out FILE.md]
+    python -m benchmarks.cuda_copy [--out FILE.md]     # from the repository root
 
 Workloads are the CPU suite's lists (benchmarks.workloads) moved to the GPU. Times come
 from torch.utils.benchmark (which synchronizes CUDA around each block); kernel counts from one

@@ -5,7 +5,7 @@ One all-gather as FSDP2 makes it with bf16 mixed precision (``_fsdp_collectives.
 N fp32 shards into views of one bf16 buffer (``torch._foreach_copy_``), then the copy-in of those
 views into the all-gather input (``fsdp.all_gather_copy_in``), here at world size 8, rank 1. Stock is
 the emulated op-plugin kernel (csrc/emulated_npu/foreach_copy.cpp); both runs' bf16 outputs are
-compared bit for bit. Target (issue: the NPU route end to end): cast + copy-in <= ceil(N/48) + 2.
+compared bit for bit. Target (issue: the NPU path end to end): cast + copy-in <= ceil(N/48) + 2.
 
     python -m benchmarks.npu_launches --out docs/   # docs/npu_launches.{md,json}
 """

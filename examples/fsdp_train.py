@@ -371,6 +371,7 @@ def verdict(result: dict) -> str:
     step = f"step {med:.2f}x of stock's speed ({change}: 95 % band {lo:.2f}x to {hi:.2f}x)"
     npu = result.get("npu_launches")
     launches = (f"emulated npu (CANN {npu['cann']}): {npu['stock']} -> {npu['fast']} launches per step"
+                + ("" if npu.get("bitwise_equal", True) else ", bitwise DIFFERENT there")
                 if npu else "emulated npu: not available here")
     return f"verdict: {served}; {step}; {launches}"
 
@@ -382,7 +383,7 @@ def main(argv=None) -> dict:
     if args.device == "npu" and args.emulate:
         count = lambda by_op: sum(sum(v.values()) for v in by_op.values())  # noqa: E731
         result["npu_launches"] = {"stock": count(result["launches_stock"]), "fast": count(result["launches_fast"]),
-                                  "cann": args.cann}
+                                  "cann": args.cann, "bitwise_equal": True}  # this run's parity: the verdict's own
     elif args.device == "cpu" and not args.json:
         result["npu_launches"] = emulated_launches(args)
     if args.json:

@@ -5,9 +5,10 @@
 (``csrc/emulated_npu``, into ``npu_dispatch/testing/_emulated_npu_C``). Imports nothing but the
 standard library at module level, so ``setup.py`` can load it by path before torch is importable.
 
-Each built library carries the digest of the sources it was built from (``-DNPU_DISPATCH_SOURCE_HASH``,
-read back through its ``info()``): a library is used only while it matches the sources beside the
-package, with no version number kept in step by hand.
+Each install-time build leaves a note beside it (:meth:`Extension.note_for`): the digest of the
+sources it was built from, the torch it was built for and its compiler flags. A library is used
+only while its note matches, with no version number kept in step by hand; a first-use build is
+kept fresh by ``torch.utils.cpp_extension`` itself.
 """
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ class Extension:
 
     def sources(self, src: Path) -> list[Path]:
         root = src / self.folder if self.folder else src
-        return sorted(p for p in root.rglob("*.cpp") if self.folder or "emulated_npu" not in p.parts)
+        return sorted(p for p in root.rglob("*.cpp")
+                      if self.folder or "emulated_npu" not in p.relative_to(src).parts)
 
     def source_hash(self, src: Path) -> str:
         """A digest of every C++ source and header the extension is built from."""
@@ -53,12 +55,18 @@ class Extension:
     def include_dirs(self, src: Path) -> list[str]:
         return [str(src / self.folder if self.folder else src)]
 
-    def compile_args(self, src: Path, torch) -> list[str]:
+    def compile_args(self, torch) -> list[str]:
         omp = openmp_flags(torch)[0] if self.openmp else []
-        return [*self.cflags, *omp, f"-DNPU_DISPATCH_SOURCE_HASH={self.source_hash(src)}"]
+        return [*self.cflags, *omp]
 
     def link_args(self, torch) -> list[str]:
         return openmp_flags(torch)[1] if self.openmp else []
+
+    def note_for(self, src: Path, torch) -> dict:
+        """What a build of this extension from ``src`` for ``torch`` is: the note written beside
+        an install-time build, and compared with before it is used or reused."""
+        return {"source_hash": self.source_hash(src), "torch": torch.__version__,
+                "flags": " ".join(self.compile_args(torch) + self.link_args(torch))}
 
 
 LIBRARY = Extension("npu_dispatch._C", "", "_C_build.json", "", tuple(CFLAGS), True)

@@ -22,7 +22,7 @@ import torch
 
 from . import _build
 
-__all__ = ["LoadError", "load", "source_dir"]
+__all__ = ["LoadError", "load", "source_dir", "installed_matches"]
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -55,19 +55,34 @@ def load(ext: _build.Extension, verbose: bool = False):
         raise LoadError(f"{type(e).__name__}: {text.splitlines()[-1] if text else ''}") from e
 
 
-def _installed(ext: _build.Extension, src: Path | None):
-    """``(module, None)`` for a matching install-time build, else ``(None, why not)``."""
+def installed_matches(ext: _build.Extension) -> str | None:
+    """None where an install-time build of ``ext`` is there and its note matches the sources
+    beside the package, the torch in use and the compiler flags; else why not."""
+    return _why_not_installed(ext, source_dir())
+
+
+def _why_not_installed(ext: _build.Extension, src: Path | None) -> str | None:
     note = _PACKAGE / ext.package / ext.note
     if not note.is_file():
-        return None, "no extension was built at install"
+        return "no extension was built at install"
     try:
         info = json.loads(note.read_text())
     except (OSError, ValueError) as e:
-        return None, f"unreadable {note.name}: {e}"
+        return f"unreadable {note.name}: {e}"
     if info.get("torch") != torch.__version__:
-        return None, f"the extension installed was built for torch {info.get('torch')}, not {torch.__version__}"
+        return f"the extension installed was built for torch {info.get('torch')}, not {torch.__version__}"
     if src is not None and info.get("source_hash") != ext.source_hash(src):
-        return None, "the extension installed was built from other sources than those next to the package"
+        return "the extension installed was built from other sources than those next to the package"
+    if src is not None and info.get("flags") != ext.note_for(src, torch)["flags"]:
+        return "the extension installed was built with other compiler flags"
+    return None
+
+
+def _installed(ext: _build.Extension, src: Path | None):
+    """``(module, None)`` for a matching install-time build, else ``(None, why not)``."""
+    why = _why_not_installed(ext, src)
+    if why is not None:
+        return None, why
     try:
         return importlib.import_module(ext.name), None
     except ImportError as e:
@@ -90,7 +105,7 @@ def _first_use_build(ext: _build.Extension, src: Path, verbose: bool):
     module = cpp_extension.load(
         name=name,
         sources=[str(p) for p in ext.sources(src)],
-        extra_cflags=ext.compile_args(src, torch),
+        extra_cflags=ext.compile_args(torch),
         extra_ldflags=ext.link_args(torch),
         extra_include_paths=ext.include_dirs(src),
         is_python_module=True,

@@ -63,7 +63,7 @@ def self_check_result() -> dict | None:
 
 def names() -> dict | None:
     """The names the C++ core defines (csrc/binding/to_python.h): ``kinds``, ``paths``,
-    ``fast_paths``, ``off_fast_paths``, ``counted_ops``, ``capability_flags``, ``count_flags``;
+    ``fast_paths``, ``off_fast_paths``, ``counted_ops``, ``capability_flags``, ``fsdp_schemas``;
     None without the native library."""
     load()
     return _names
@@ -75,8 +75,8 @@ def info() -> dict:
     csrc/cpu/stream_copy.h), calls that took the one-pass plan (csrc/planner/one_pass.h) instead
     of the full planner, and those of them whose checks were split across threads
     (csrc/planner/threaded_checks.h); the bytes read plus written from which a pass streams
-    (``stream_moved_bytes``: the last-level cache's size, at most 96 MiB); the digest of the
-    sources the library was built from; and the seconds it took to build or load."""
+    (``stream_moved_bytes``: the last-level cache's size, at most 96 MiB); and the seconds it took
+    to build or load."""
     if _planned is None:
         return {}
     return {**_module.info(), "build_seconds": _build_seconds}
@@ -89,8 +89,9 @@ def module():
 
 
 def planned_op():
-    """``foreach_copy_planned(dsts, srcs, non_blocking, strict, bump) -> tuple[int, ...]``, or
-    None (no native library). O(1) after the first call."""
+    """``foreach_copy_planned(dsts, srcs, non_blocking, strict, bump) -> (blocked, paths,
+    reasons)`` (csrc/binding/to_python.h ``counts``), or None (no native library). O(1) after the
+    first call."""
     if _planned is not None:
         if _npu_pending and "torch_npu" in sys.modules:
             push_capabilities()
@@ -149,11 +150,6 @@ def _load(verbose: bool = False) -> None:
         _fail(str(e))
         return
     try:
-        src = _loader.source_dir()
-        built_from = module.info()["source_hash"]
-        if src is not None and built_from != _build.LIBRARY.source_hash(src):
-            _fail(f"stale native library (built from sources {built_from}, not those next to the package)")
-            return
         _self_check = module.self_check()
         _names = module.names()
     except Exception as e:  # noqa: BLE001  a library that fails its checks is not used
@@ -228,6 +224,9 @@ def fold_counters(stats: "_stats.CopyStats", drained: dict | None) -> None:
     fallback_calls, nanoseconds, paths, fallbacks); None or empty: nothing) to ``stats``."""
     for op, (calls, fast, fallback, ns, paths, fallbacks) in (drained or {}).items():
         stats.add_totals(op, calls, fast, fallback, ns * 1e-9, paths, fallbacks)
+
+
+_stats.set_path_source(lambda: load())
 
 
 def available() -> bool:

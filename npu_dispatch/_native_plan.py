@@ -14,12 +14,7 @@ from . import _native, capabilities
 from .plan import (Group, Plan, Run, Stage, _dt, _empty_write_text, _inference_text, _lazy_bit_dst_text, _odd_dtype_text,
                    _whole_list_text, _zero_dim_cast_text)
 
-__all__ = ["decode_plan", "native_plan", "blocked"]
-
-
-def blocked(flags: int) -> bool:
-    """Whether a strict call's count flags say it was refused, nothing written (csrc/planner/execute.h)."""
-    return bool(flags & _native.names()["count_flags"]["blocked"])
+__all__ = ["decode_plan", "native_plan"]
 
 
 def _who(is_dst: int) -> str:

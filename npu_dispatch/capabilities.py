@@ -68,7 +68,7 @@ class Capability:
         source: where the rules come from, shown by ``doctor``.
         whole_list_only: the kernel gives stock's bits only where stock's own op would use it,
             on a whole list: any call touching this device type goes to stock's op whole, counted
-            as the fast path when stock's op takes its batched route (plan.py).
+            as the fast path when stock's op takes its batched kernel (plan.py).
         stage_bytes: the most scratch memory (bytes) one *stage* may allocate: a cross-dtype group
             the kernel cannot convert is copied through scratch (docs/design.md, "Staged casts"),
             in chunks whose scratch (the sources' bytes, plus the destinations' where they are not
@@ -79,10 +79,10 @@ class Capability:
             (on a device, a run that saves no launch joins its foreach group: plan.py).
         batched_transfers: the device's ``_foreach_copy_`` copies a uniform host->device or
             device->host list in one batched memcpy (op-plugin ``memcpyBatch``).
-        batched_keeps_versions: the device's batched routes move no version counter (op-plugin
-            calls no ``increment_version`` there) while its per-tensor route moves each one: the
+        batched_keeps_versions: the device's batched kernels move no version counter (op-plugin
+            calls no ``increment_version`` there) while its per-tensor copies move each one: the
             library then leaves exactly the counters stock leaves, per source-dtype group as
-            op-plugin routes it (csrc/planner/plan.cpp, stock_keeps_version).
+            op-plugin groups it (csrc/planner/plan.cpp, stock_keeps_version).
     """
 
     name: str

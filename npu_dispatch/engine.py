@@ -3,7 +3,7 @@
 Serves the debugging mode's handlers (``NpuFastCopyMode(strict=True)`` / ``(verify=True)``) and
 the public ops' Python paths. The planning and every copy happen in C++ (``csrc/planner/copy_call.h``
 ``plan_and_run``), through ``foreach_copy_planned`` (csrc/binding/python_entry.cpp), which reads the lists
-without boxing them and returns a fixed-size count vector. Without the native library every call
+without boxing them and returns what it did by name (blocked, paths, reasons). Without the native library every call
 goes to the stock op, counted with reason ``no_native``.
 
 Stock calls issued from here must not be planned again by a mode nested inside another: a
@@ -19,7 +19,7 @@ from typing import Sequence
 import torch
 
 from . import _native
-from ._native_plan import blocked, native_plan
+from ._native_plan import native_plan
 from .errors import FastCopyFallbackError, FastCopyMismatchError
 from .plan import Plan
 from .stats import CopyStats
@@ -123,8 +123,8 @@ def foreach_copy(
     else:
         # One C++ call: checks, plan, copies (below ADInplaceOrView) and the version bumps.
         with _inside():
-            flags, counts, reasons = planned(dsts, srcs, non_blocking, strict, bump)
-        if blocked(flags):
+            blocked, counts, reasons = planned(dsts, srcs, non_blocking, strict, bump)
+        if blocked:
             raise _strict_error(op, native_plan(dsts, srcs))
     stats.record_counts(op, counts, reasons, time.perf_counter() - start)
 
@@ -201,8 +201,8 @@ def _reason_text(reasons: dict) -> str:
 
 
 def _checked(op: str, v, stats: CopyStats, start: float) -> None:
-    flags, counts, reasons = v
-    if blocked(flags):
+    blocked, counts, reasons = v
+    if blocked:
         raise FastCopyFallbackError(f"npu_dispatch strict: {op} falls back: {_reason_text(reasons)}")
     stats.record_counts(op, counts, reasons, time.perf_counter() - start)
 

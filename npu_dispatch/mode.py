@@ -100,13 +100,18 @@ def _install() -> None:
                      "chunk_cat": _chunk_cat, "chunk_cat_mixed_dtype": _chunk_cat_mixed_dtype}
     entries = dict(handlers)
     names = _native.names()
-    # Without the native library every fsdp copy op this mode knows is counted, whatever its schema.
-    fsdp = _fsdp_ops(names["fsdp_schemas"] if names is not None else dict.fromkeys(fsdp_handlers))
+    if names is not None:
+        fsdp = _fsdp_ops(names["fsdp_schemas"])
+    else:
+        # Without the native library every fsdp copy op this mode knows passes through to stock,
+        # counted (below), whatever its schema.
+        fsdp = {name: (op, "no native library") for name, (op, _) in _fsdp_ops(dict.fromkeys(fsdp_handlers)).items()}
     for name, (op, why) in fsdp.items():
         if why is None:
             entries[op] = fsdp_handlers[name]
         else:
-            log.warning("npu_dispatch: passing fsdp.%s through to stock: %s", name, why)
+            if names is not None:
+                log.warning("npu_dispatch: passing fsdp.%s through to stock: %s", name, why)
             entries[op] = None
     module = _native.module()
     served = [name for name, (_, why) in fsdp.items() if why is None]

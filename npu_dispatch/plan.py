@@ -24,7 +24,7 @@ Paths, in the order the executor issues them:
 - ``empty``: zero-element pairs; stock ``copy_`` does nothing for them either.
 
 On a device whose kernel batches many pairs a launch (npu), a coalesced run is kept only where it
-issues fewer launches than its pairs joining their foreach group. Where the device's own op routes
+issues fewer launches than its pairs joining their foreach group. Where the device's own op batches
 lists itself (op-plugin: ``csrc/planner/device_batching.h``), a source-dtype group it sends as one batched
 host<->device memcpy is a *transfer group* handed to it as it is, and a whole-stock call (or one
 none of whose pairs has a fast path) goes to that op whole, with its launches, bytes and errors.
@@ -155,7 +155,7 @@ class Plan:
     reasons: dict[int, tuple[str, str]] = dataclasses.field(default_factory=dict)
     stock_reason: tuple[str, str] | None = None
     fallback_launches: int = 0
-    # A whole-stock call on a device whose own op routes lists: the launches that op issues.
+    # A whole-stock call on a device whose own op batches lists: the launches that op issues.
     stock_launches: int | None = None
 
     @property

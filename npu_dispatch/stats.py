@@ -12,10 +12,11 @@ __all__ = ["CopyStats", "paths", "global_stats", "add_drain"]
 # paths: "coalesced" (adjacent pairs as one flat copy), "foreach" (the device's batched kernel),
 # "fallback" (pairs copied by stock's copy_), "stock" (a whole call handed to the stock op),
 # "empty" (zero-element pairs), "staged" (cross-dtype pairs through scratch memory). Without it,
-# every call is handed to stock whole.
-_order: tuple = ("stock",)
+# every call is handed to stock whole: "stock" is then the only path.
+_order: tuple | None = None  # None: not asked for yet
 _fast: frozenset = frozenset()
 _off: frozenset = frozenset({"stock"})
+_source = None  # set by _native: loads the library, which calls set_paths
 
 
 def set_paths(order, fast, off) -> None:
@@ -24,8 +25,23 @@ def set_paths(order, fast, off) -> None:
     _order, _fast, _off = tuple(order), frozenset(fast), frozenset(off) | {"stock"}
 
 
+def set_path_source(load) -> None:
+    """``load()``: loads the C++ core (which calls :func:`set_paths`), the first time paths are asked for."""
+    global _source
+    _source = load
+
+
 def paths() -> tuple:
-    """The paths a pair can take, in report order."""
+    """The paths a pair can take, in report order (loads the native library the first time)."""
+    return _path_order()
+
+
+def _path_order() -> tuple:
+    global _order
+    if _order is None and _source is not None:
+        _source()
+    if _order is None:
+        _order = ("stock",)
     return _order
 
 
@@ -134,7 +150,8 @@ class CopyStats:
         self._sync()
         with self._lock:
             ops = {}
-            order = _order + tuple(sorted({p for o in self._ops.values() for p in o.paths} - set(_order)))
+            known = _path_order()
+            order = known + tuple(sorted({p for o in self._ops.values() for p in o.paths} - set(known)))
             paths = {p: {"calls": 0, "pairs": 0, "tensors": 0, "bytes": 0, "launches": 0} for p in order}
             fallbacks: dict[str, dict] = {}
             for name in sorted(self._ops):

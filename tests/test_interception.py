@@ -56,7 +56,7 @@ def tuples():
 
 
 def many():
-    # 512 pairs: the direct entry would shard these; the route keeps one thread.
+    # 512 pairs: the direct entry would thread their checks; dispatched calls keep one thread.
     sizes = [64 + (i * 37) % 193 for i in range(512)]
     return [torch.zeros(n) for n in sizes], [_randn(n, i) for i, n in enumerate(sizes)]
 
@@ -67,8 +67,8 @@ def large():
 
 
 def serial_copy():
-    # 720 KB read plus written: above the direct entry's split (256 KB), under the route's
-    # (768 KB), so the route copies on the calling thread; fp16 -> fp32 above ATen's GRAIN_SIZE
+    # 720 KB read plus written: above the direct entry's split (256 KB), under dispatched calls'
+    # (768 KB), so the call copies on the calling thread; fp16 -> fp32 above ATen's GRAIN_SIZE
     # (FBGEMM's chunked conversion) with NaN payloads of both signs.
     h = _randn(100_000).to(torch.float16)
     h.view(torch.int16)[1:4] = torch.tensor([0x7C01, 0x7E55, -0x0201], dtype=torch.int16)
@@ -76,8 +76,8 @@ def serial_copy():
 
 
 def split_copy():
-    # 1.6 MB read plus written, 800 KB of it destinations: above the route's split, under the
-    # 2 MB second step, so the route copies it in one step split across threads.
+    # 1.6 MB read plus written, 800 KB of it destinations: above dispatched calls' split, under the
+    # 2 MB second step, so the call copies it in one step split across threads.
     return [torch.zeros(200_000)], [_randn(200_000)]
 
 

@@ -5,6 +5,7 @@ that skip into a failure, for CI machines that must build it.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import shutil
@@ -560,3 +561,23 @@ def test_wide_vector_code_stays_in_the_per_isa_namespaces():
         elif fn and ("%zmm" in line or "%ymm" in line) and "npu_dispatch_avx" not in fn:
             offenders.add(fn)
     assert not offenders, sorted(offenders)[:5]
+
+
+def test_the_boundary_names_come_from_the_cpp_enums():
+    names = _native.names()
+    # Report order, fast and off-fast paths, as the C++ count vector defines them.
+    assert nd.stats.paths() == names["paths"]
+    assert set(names["fast_paths"]) | set(names["off_fast_paths"]) < set(names["paths"])
+    assert not set(names["fast_paths"]) & set(names["off_fast_paths"])
+    # Every reason a plan or a call reports is a C++ kind, by name.
+    d = [torch.zeros(3), torch.zeros(4, 2)[:, 0]]
+    s = [torch.ones(3), torch.ones(4)]
+    with nd.NpuFastCopyMode() as m:
+        torch._foreach_copy_(d, s)
+    assert set(m.stats.fallback_reasons) == {"not_dense"} <= set(names["kinds"])
+    assert set(m.stats.as_dict()["ops"]) == {"aten._foreach_copy_"} <= set(names["counted_ops"])
+    assert nd.explain(d, s).reasons[1][0] == "not_dense"
+    # The capability flags are the Capability fields of the same names, bit k for the k-th.
+    assert names["capability_flags"][0] == "present"
+    fields = {f.name for f in dataclasses.fields(nd.capabilities.Capability)}
+    assert set(names["capability_flags"][1:]) <= fields

@@ -1,4 +1,4 @@
-"""The npu route on the emulated Ascend device (npu_dispatch.testing.emulated_npu): results, errors
+"""The npu path on the emulated Ascend device (npu_dispatch.testing.emulated_npu): results, errors
 and version counters against stock on npu tensors, and device launches per CANN version against
 op-plugin's rules (stock is the emulated op-plugin kernel itself)."""
 from __future__ import annotations
@@ -291,7 +291,7 @@ SPECIAL_LISTS = {
 @pytest.mark.parametrize("below", [False, True], ids=["", "below_ad_inplace_or_view"])
 @pytest.mark.parametrize("non_blocking", [False, True], ids=["blocking", "non_blocking"])
 @pytest.mark.parametrize("name", sorted(SPECIAL_LISTS))
-def test_npu_lists_of_every_route_match_stock_in_bits_errors_versions_and_launches(name, non_blocking, below):
+def test_npu_lists_of_every_kernel_match_stock_in_bits_errors_versions_and_launches(name, non_blocking, below):
     if not REAL:
         cann("8.0.RC3")
     make = SPECIAL_LISTS[name]

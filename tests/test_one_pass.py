@@ -58,7 +58,7 @@ TAKEN = {
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=lambda f: f.__name__)
 @pytest.mark.parametrize("name", sorted(TAKEN))
-def test_plain_lists_take_the_lane_and_match_stock(name, entry):
+def test_plain_lists_take_the_one_pass_plan_and_match_stock(name, entry):
     before = one_pass_calls()
     assert_same(run(TAKEN[name], stock_copy), run(TAKEN[name], entry))
     assert one_pass_calls() == before + 1
@@ -124,7 +124,7 @@ def test_other_lists_are_refused_and_still_match_stock(name, entry):
 
 @settings(max_examples=120, deadline=None)
 @given(one_pass_cases())
-def test_lane_or_planner_always_matches_stock(c):
+def test_one_pass_plan_or_planner_always_matches_stock(c):
     stock = run(c, stock_copy)
     for entry in ENTRIES:
         assert_same(stock, run(c, entry))
@@ -150,7 +150,7 @@ def test_a_refused_call_writes_nothing(c):
     lambda: ([torch.zeros(2), torch.zeros(3, dtype=i32), torch.zeros(4)],
              [torch.ones(2), torch.ones(3, dtype=i32), torch.ones(4)]),
 ], ids=["singles", "runs_empties_and_a_cast", "two_groups"])
-def test_lane_counts_what_the_planner_counts(make):
+def test_one_pass_plan_counts_what_the_planner_counts(make):
     before = one_pass_calls()
     one_pass = mode_paths(make)
     assert one_pass_calls() == before + 1
@@ -200,7 +200,7 @@ def test_a_destination_that_forbids_writes_raises_stocks_error(entry, where):
     assert_stock_error(make, entry, "Cannot access data pointer")
 
 
-def test_direct_lane_counts_in_global_stats():
+def test_direct_one_pass_plan_counts_in_global_stats():
     nd.global_stats().reset()
     d = list(torch.zeros(10).split([4, 6])) + [torch.zeros(3)]
     nd.foreach_copy_(d, list(torch.ones(10).split([4, 6])) + [torch.ones(3)])
@@ -211,7 +211,7 @@ def test_direct_lane_counts_in_global_stats():
     assert s["paths"]["foreach"] == {"calls": 1, "pairs": 1, "tensors": 1, "bytes": 12, "launches": 1}
 
 
-def test_direct_lane_steps_aside_for_a_mode():
+def test_direct_one_pass_plan_steps_aside_for_a_mode():
     seen = []
 
     class Recorder(torch.utils._python_dispatch.TorchDispatchMode):
@@ -398,7 +398,7 @@ LARGE = 400_000  # elements per pair: past the parallel threshold, the GIL relea
 
 @pytest.mark.parametrize("sdt, ddt", [(f32, bf16), (bf16, f32), (f32, f16), (f16, f32), (f32, f32), (bf16, bf16)])
 @pytest.mark.parametrize("adjacent", [False, True])
-def test_large_lists_take_the_lane_and_match_stock(sdt, ddt, adjacent):
+def test_large_lists_take_the_one_pass_plan_and_match_stock(sdt, ddt, adjacent):
     c = case([contiguous((LARGE + k,), sdt, ddt) for k in (0, 7, 33)], adjacent, adjacent, seed=3)
     before = one_pass_calls()
     assert_same(run(c, stock_copy), run(c, direct_copy))
@@ -407,7 +407,7 @@ def test_large_lists_take_the_lane_and_match_stock(sdt, ddt, adjacent):
 
 @settings(max_examples=60, deadline=None)
 @given(one_pass_cases())
-def test_lane_counts_match_the_full_planner(c):
+def test_one_pass_plan_counts_match_the_full_planner(c):
     make = lambda: build(c)[:2]
     assert mode_paths(make) == plan_paths(make)
 

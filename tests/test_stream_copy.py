@@ -92,12 +92,12 @@ LISTS = pytest.mark.parametrize("pairs,views", [(3, False), (130, False), (130, 
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.bfloat16, torch.float32])
 def test_a_call_beyond_the_cache_streams_stocks_bytes(entry, pairs, views, dtype):
     make = lambda: odd_pairs(THRESHOLD // 2 + 4096, pairs, dtype, seed=pairs, views=views)  # noqa: E731
-    streamed, sharded = counter("kernel_streamed_bytes"), counter("threaded_check_calls")
+    streamed, threaded = counter("kernel_streamed_bytes"), counter("threaded_check_calls")
     dsts = assert_as_stock(ENTRIES[entry], make)
     assert 2 * sum(d.nbytes for d in dsts) >= THRESHOLD
     assert counter("kernel_streamed_bytes") - streamed == sum(d.nbytes for d in dsts)
-    # Only the direct op shards long lists (the mode's route keeps one thread's one-pass plan).
-    assert counter("threaded_check_calls") - sharded == (entry == "direct" and pairs >= 96)
+    # Only the direct op threads the checks of long lists (the mode's calls keep one thread).
+    assert counter("threaded_check_calls") - threaded == (entry == "direct" and pairs >= 96)
 
 
 @pytest.mark.parametrize("entry", ENTRIES)

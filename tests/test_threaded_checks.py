@@ -106,7 +106,7 @@ BOUNDARY = {
 
 
 @pytest.mark.parametrize("name", sorted(BOUNDARY))
-def test_boundary_runs_count_and_copy_as_one_lane(name):
+def test_boundary_runs_count_and_copy_as_one_thread_would(name):
     make = BOUNDARY[name]
     dsts, srcs = make()
     want = [torch.empty_like(d) for d in dsts]
@@ -119,7 +119,7 @@ def test_boundary_runs_count_and_copy_as_one_lane(name):
     assert got == plan_paths(make)
 
 
-def test_one_thread_takes_the_one_lane():
+def test_one_thread_takes_the_unthreaded_one_pass_plan():
     torch.set_num_threads(1)
     dsts, srcs = separate()
     before, passes = threaded_check_calls(), one_pass_calls()
@@ -146,7 +146,7 @@ def _numpy_backed(n_first, n_second, numel, dtype):
 
 
 @pytest.mark.parametrize("side", ["dst", "src", "both"])
-def test_runs_meeting_across_storages_at_the_boundary_are_refused_as_one_lane_refuses(side):
+def test_runs_meeting_across_storages_at_the_boundary_are_refused_as_one_thread_refuses(side):
     def make():
         np_dsts, _ = _numpy_backed(100, 100, 4, f32)
         np_srcs, src_buf = _numpy_backed(100, 100, 4, f32)
@@ -195,7 +195,7 @@ def test_an_overlap_inside_a_share_does_not_hide_a_later_refused_join():
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=lambda f: f.__name__)
-def test_a_refused_join_then_a_forbidden_write_raises_as_one_lane(entry):
+def test_a_refused_join_then_a_forbidden_write_raises_as_one_thread_does(entry):
     # One pass stops at pair 100 (its run would cross storages) before the forbidden write at
     # pair 150; the planner then raises stock's error having written nothing (stock writes pairs
     # 0..149 first: a known difference of the planner's executor, one thread or two).
@@ -294,7 +294,7 @@ def test_a_forbidden_write_in_the_second_share_raises_stocks_error(entry, where)
     assert_stock_error(make, entry, "Cannot access data pointer")
 
 
-def test_the_lane_writes_nothing_before_raising_for_a_forbidden_write():
+def test_the_one_pass_plan_writes_nothing_before_raising_for_a_forbidden_write():
     dsts, srcs = separate(numel=lambda i: 4)
     bad = torch.zeros(4)
     torch._C._set_throw_on_mutable_data_ptr(bad)
@@ -361,7 +361,7 @@ print(error, [str(x.message)[:24] for x in w])
     # Stock and one pass: the warning at pair 98, then the error at 99.
     ("warned_then_error", "Cannot access data pointer ['Accessing the data point']"),
 ])
-def test_a_warning_past_where_one_lane_stops(stop, want):
+def test_a_warning_past_where_one_thread_stops(stop, want):
     out = subprocess.run([sys.executable, "-c", _WARN_PAST_A_STOP.replace("{stop}", stop)],
                          capture_output=True, text=True, check=True)
     assert out.stdout.split("\n")[0] == want
@@ -436,7 +436,7 @@ def test_versions_move_once_per_destination_as_stock(views):
 
 
 @pytest.mark.parametrize("numel", [16, 4000], ids=["in_region", "above_the_gil_threshold"])
-def test_profiler_ranges_are_one_lanes(threads, numel):
+def test_profiler_ranges_are_one_threads(threads, numel):
     # Runs 0..98 and 101..199 of one buffer with a gap on each side of pairs 99 and 100: one pass
     # makes 99-100 a run too; shares split there and join it back, emptying the group of singles.
     def make():

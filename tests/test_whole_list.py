@@ -98,7 +98,7 @@ def test_strict_refuses_a_list_stock_copies_pair_by_pair_before_writing():
 
 
 @pytest.mark.skipif(not _native.available(), reason="native library not built")
-def test_the_fast_lane_leaves_such_a_device_to_the_planner():
+def test_the_one_pass_plan_leaves_such_a_device_to_the_planner():
     before = one_pass_calls()
     with whole_list_cpu():
         nd.foreach_copy_([torch.zeros(3)], [torch.ones(3)])
@@ -284,8 +284,8 @@ def test_a_simulated_cuda_kernel_gives_stocks_errors_bits_and_versions_through_e
 @pytest.mark.skipif(not _native.available(), reason="native library not built")
 def test_below_ad_inplace_or_view_a_whole_list_device_needs_no_bump_of_ours():
     # Stock's copy_ loop bumps nothing there. A device with no entry keeps the bumps: whether its
-    # batched kernel bumps by itself is unknown. An npu entry says its batched route bumps nothing
-    # (op-plugin: batched_keeps_versions), and this list takes that route. A whole_list_only
+    # batched kernel bumps by itself is unknown. An npu entry says its batched kernel bumps nothing
+    # (op-plugin: batched_keeps_versions), and this list takes that kernel. A whole_list_only
     # device's kernel is watched by the executors. Meta tensors stand in for the device, through the C++
     # entry that takes stock's rule where the call is made (bump=None).
     planned = _native.planned_op()

@@ -290,7 +290,7 @@ std::vector<int64_t> serve_or_stock(bool strict, int64_t pairs, Serve serve, Sto
   return npu_dispatch::stock_counts(why, pairs, stock());
 }
 
-// split_with_sizes_copy(src, sizes, dim, out, strict, bump: bool | None) -> tuple of ints
+// split_with_sizes_copy(src, sizes, dim, out, strict, bump: bool | None) -> counts (binding/to_python.h)
 // (planner/execute.h): fsdp/copies.h, else aten::split_with_sizes_copy.out.
 PyObject* split_with_sizes_copy(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
@@ -331,7 +331,7 @@ bool chunk_cat_args(PyObject* const* args, PyRefs* refs, npu_dispatch::BorrowedT
   return !(*num_chunks == -1 && PyErr_Occurred());
 }
 
-// chunk_cat(tensors, dim, num_chunks, out, strict, bump: bool | None) -> tuple of ints
+// chunk_cat(tensors, dim, num_chunks, out, strict, bump: bool | None) -> counts (binding/to_python.h)
 // (planner/execute.h): fsdp/copies.h, else aten::_chunk_cat.out.
 PyObject* chunk_cat(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
@@ -357,7 +357,7 @@ PyObject* chunk_cat(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs)
   END_HANDLE_TH_ERRORS
 }
 
-// chunk_cat_mixed_dtype(tensors, dim, num_chunks, out, strict) -> tuple of ints (planner/execute.h): the
+// chunk_cat_mixed_dtype(tensors, dim, num_chunks, out, strict) -> counts (binding/to_python.h): the
 // Python dispatch-mode path's fsdp::chunk_cat_mixed_dtype (fsdp/copies.h), else the op's own
 // kernel. Its handler runs below the op's ADInplaceOrView kernel, which bumps out: nothing here does.
 PyObject* chunk_cat_mixed_dtype(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
@@ -623,17 +623,16 @@ PyObject* stock_foreach_copy(PyObject* /*self*/, PyObject* const* args, Py_ssize
 
 // info() -> dict: the CPU kernel's counters (passes, work items, destination bytes, bytes copied with
 // streaming stores), the calls the one-pass plan and its threaded checks took, the bytes moved from
-// which a pass streams, and the source hash this library was built from (npu_dispatch/_build.py).
+// which a pass streams.
 PyObject* info(PyObject* /*self*/, PyObject* const* /*args*/, Py_ssize_t /*nargs*/) {
   HANDLE_TH_ERRORS
   const auto k = npu_dispatch::kernel_counters();
-  return Py_BuildValue("{sLsLsLsLsLsLsLss}", "kernel_passes", static_cast<long long>(k[0]), "kernel_items",
+  return Py_BuildValue("{sLsLsLsLsLsLsL}", "kernel_passes", static_cast<long long>(k[0]), "kernel_items",
                        static_cast<long long>(k[1]), "kernel_bytes", static_cast<long long>(k[2]),
                        "kernel_streamed_bytes", static_cast<long long>(k[3]), "one_pass_calls",
                        static_cast<long long>(npu_dispatch::one_pass_calls()), "threaded_check_calls",
                        static_cast<long long>(npu_dispatch::threaded_check_calls()), "stream_moved_bytes",
-                       static_cast<long long>(npu_dispatch::stream_moved_bytes()), "source_hash",
-                       NPU_DISPATCH_STR(NPU_DISPATCH_SOURCE_HASH));
+                       static_cast<long long>(npu_dispatch::stream_moved_bytes()));
   END_HANDLE_TH_ERRORS
 }
 
@@ -688,18 +687,18 @@ PyMethodDef methods[] = {
     {"names", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&names)), METH_FASTCALL,
      "The names of reason kinds, paths, counted ops and capability flags."},
     {"plan", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&plan)), METH_FASTCALL,
-     "The plan of one _foreach_copy_, encoded; nothing is written."},
+     "The plan of one _foreach_copy_, as a dict; nothing is written."},
     {"split_with_sizes_copy_direct",
      reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&split_with_sizes_copy_direct)), METH_FASTCALL,
      "The public split_with_sizes_copy without the dispatcher; False when it must go through it."},
     {"chunk_cat_direct", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&chunk_cat_direct)),
      METH_FASTCALL, "The public chunk_cat without the dispatcher; False when it must go through it."},
     {"split_with_sizes_copy", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&split_with_sizes_copy)),
-     METH_FASTCALL, "FSDP2's all-gather copy-out through the fast path; returns the count vector."},
+     METH_FASTCALL, "FSDP2's all-gather copy-out through the fast path; returns (blocked, paths, reasons)."},
     {"chunk_cat", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&chunk_cat)), METH_FASTCALL,
-     "FSDP2's reduce-scatter copy-in through the fast path; returns the count vector."},
+     "FSDP2's reduce-scatter copy-in through the fast path; returns (blocked, paths, reasons)."},
     {"foreach_copy_planned", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&foreach_copy_planned)),
-     METH_FASTCALL, "Plan and execute one _foreach_copy_; returns the count vector."},
+     METH_FASTCALL, "Plan and execute one _foreach_copy_; returns (blocked, paths, reasons)."},
     {"foreach_copy_direct", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&foreach_copy_direct)),
      METH_FASTCALL, "The one-pass plan for the public foreach_copy_; False when the general path must run."},
     {"scope_new", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&scope_new)), METH_FASTCALL,
@@ -715,7 +714,7 @@ PyMethodDef methods[] = {
     {"install", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&install)), METH_FASTCALL,
      "Register the interception kernels."},
     {"chunk_cat_mixed_dtype", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&chunk_cat_mixed_dtype)),
-     METH_FASTCALL, "torch 2.15's reduce-scatter copy-in through the fast path; returns the count vector."},
+     METH_FASTCALL, "torch 2.15's reduce-scatter copy-in through the fast path; returns (blocked, paths, reasons)."},
     {"stock_bumps", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&stock_bumps)), METH_FASTCALL,
      "Whether stock's _foreach_copy_ called here bumps the destinations."},
     {"static_facts", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&static_facts)), METH_FASTCALL,
@@ -731,7 +730,7 @@ PyMethodDef methods[] = {
     {"stock_foreach_copy", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&stock_foreach_copy)),
      METH_FASTCALL, "Stock's _foreach_copy_, the interception kernels stepping aside."},
     {"info", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&info)), METH_FASTCALL,
-     "ABI version and the kernel's counters."},
+     "The kernel's and the one-pass plan's counters."},
     {"self_check", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&self_check)), METH_FASTCALL,
      "Which CPU conversions matched stock at load."},
     {"drain_stats", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&drain_stats)), METH_FASTCALL,

@@ -9,6 +9,7 @@ namespace npu_dispatch::py {
 namespace {
 
 // Py_BuildValue-style helpers that own what they are given, even on failure.
+// Once `d` is nullptr (an earlier step failed, a Python error set), later steps only release `v`.
 PyObject* steal_into_dict(PyObject* d, const char* key, PyObject* v) {
   if (d == nullptr || v == nullptr || PyDict_SetItemString(d, key, v) != 0) {
     Py_XDECREF(v);
@@ -111,7 +112,7 @@ PyObject* counts(const std::vector<int64_t>& v) {
     Py_XDECREF(reasons);
     return nullptr;
   }
-  return Py_BuildValue("(LNN)", static_cast<long long>(v[0]), paths, reasons);
+  return Py_BuildValue("(ONN)", (v[0] & kBlocked) != 0 ? Py_True : Py_False, paths, reasons);
 }
 
 PyObject* drained(const std::vector<int64_t>& v) {
@@ -211,14 +212,6 @@ PyObject* names() {
   d = steal_into_dict(d, "off_fast_paths", str_tuple_where(kPathNames, kOffFastPath, kNumPaths));
   d = steal_into_dict(d, "counted_ops", str_tuple(kCountedOpNames, kNumCountedOps));
   d = steal_into_dict(d, "capability_flags", str_tuple(kCapabilityFlagNames, kNumCapabilityFlags));
-  PyObject* flags = PyDict_New();
-  for (const auto& [name, bit] : kCountFlags) {
-    if (flags != nullptr && !set(flags, PyUnicode_FromString(name), PyLong_FromLongLong(bit))) {
-      Py_DECREF(flags);
-      flags = nullptr;
-    }
-  }
-  d = steal_into_dict(d, "count_flags", flags);
   PyObject* fsdp = PyDict_New();
   for (const auto& op : kFsdpOps) {
     if (fsdp != nullptr && !set(fsdp, PyUnicode_FromString(op.name), PyUnicode_FromString(op.schema))) {

@@ -17,8 +17,9 @@
 
 namespace npu_dispatch::py {
 
-// A count vector of planner/execute.h as (flags: int, paths: {path: (tensors, bytes, launches)},
-// reasons: {kind: pairs}), each dict holding only what the call used.
+// A count vector of planner/execute.h as (blocked: bool (strict refused the call; nothing
+// written), paths: {path: (tensors, bytes, launches)}, reasons: {kind: pairs}), each dict holding
+// only what the call used.
 PyObject* counts(const std::vector<int64_t>& v);
 
 // Drained counters (dispatch/native_stats.h OpStats::drain) as {op: (calls, fast_calls,
@@ -36,7 +37,7 @@ PyObject* plan(const Plan& p);
 PyObject* conversion_checks(const std::vector<ConversionCheck>& checks);
 
 // The names the boundary uses: {"kinds", "paths", "fast_paths", "off_fast_paths", "counted_ops",
-// "capability_flags" (bit k is the k-th name's), "count_flags" ({name: bit}), "fsdp_schemas"
+// "capability_flags" (bit k is the k-th name's), "fsdp_schemas"
 // ({op name: schema} of the fsdp:: ops served, dispatch/dispatcher_facts.h)}.
 PyObject* names();
 

@@ -1,4 +1,4 @@
-// Body of one conversion variant; included by cpu_convert_<capability>.cpp after it has chosen
+// Body of one conversion variant; included by cpu/convert_<capability>.cpp after it has chosen
 // CPU_CAPABILITY and the target ISA. Every element, tails included, goes through the same
 // Vectorized conversion, as in ATen's reduced_float_copy_kernel, so chunk boundaries never show.
 // A run's dst must not overlap its src (the planner and the fsdp copies refuse aliasing): a tail

@@ -28,17 +28,6 @@
 #include "planner/tuning.h"
 
 namespace npu_dispatch {
-namespace {
-
-// A tensor the pieces may address directly: plain strided (contiguity is checked apart, for its
-// reason), with a version counter, no lazy bit, not meta.
-bool plain(const at::Tensor& t) {
-  if (is_subclass(t) || t.layout() != at::kStrided || t.is_meta() || t.is_conj() || t.is_neg()) return false;
-  return has_version_counter(t) && copy_dtype(t.scalar_type());
-}
-
-}  // namespace
-
 
 int64_t total_bytes(at::TensorList ts) {
   int64_t b = 0;
@@ -162,7 +151,7 @@ std::optional<std::vector<int64_t>> split_with_sizes_copy(const at::Tensor& src,
   RECORD_FUNCTION("npu_dispatch::split_with_sizes_copy", std::vector<c10::IValue>());
   const auto n = static_cast<int64_t>(out.size());
   *why = Kind::MayRaise;
-  bool ok = plain(src) && src.dim() > 0 && n == static_cast<int64_t>(sizes.size());
+  bool ok = plain_tensor(src) && src.dim() > 0 && n == static_cast<int64_t>(sizes.size());
   int64_t wrapped = 0, outer = 1, inner = 1, total = 0;
   if (ok) {
     ok = dim >= -src.dim() && dim < src.dim();
@@ -183,7 +172,7 @@ std::optional<std::vector<int64_t>> split_with_sizes_copy(const at::Tensor& src,
     for (int64_t i = 0; i < n && ok; ++i) {
       want[wrapped] = sizes[i];
       const auto& o = out[i];
-      ok = plain(o) && o.scalar_type() == src.scalar_type() && o.device() == src.device() &&
+      ok = plain_tensor(o) && o.scalar_type() == src.scalar_type() && o.device() == src.device() &&
            o.sizes() == c10::IntArrayRef(want);
       if (ok && o.numel() > 0) written.push_back(contiguous_span(o));
     }
@@ -241,7 +230,7 @@ struct ChunkScan {
 // Stock's preconditions and the layout of inputs [k0, k1): their sources, at offsets counted from
 // the first of them. Each tensor's fields are read from its TensorImpl directly, without the
 // accessors' policy checks and virtual has_storage (their cost on a long list:
-// docs/notes/profile.md, "chunk_cat's pass"); plain()'s dtype and meta tests are the list's (t0's
+// docs/notes/profile.md, "chunk_cat's pass"); plain_tensor()'s dtype and meta tests are the list's (t0's
 // dtype, out's device). Stops at the first tensor refused; never throws (it may run on a worker
 // that another thread waits for).
 ChunkScan scan_chunks(at::TensorList tensors, int64_t k0, int64_t k1, const ChunkCheck& c, ChunkSource* sources) {
@@ -346,7 +335,7 @@ ChunkCheck chunk_check(const at::Tensor& t0, const at::Tensor& out, int64_t dim,
 // (size + num_chunks - 1) cannot overflow, a plain out, a dim within t0's dims (past them stock
 // raises for t0, and the check's lead holds only t0's sizes).
 bool chunk_call_ok(at::TensorList tensors, int64_t dim, int64_t num_chunks, const at::Tensor& out) {
-  if (tensors.empty() || !tensors[0].defined() || num_chunks < 1 || num_chunks > (int64_t{1} << 40) || !plain(out)) {
+  if (tensors.empty() || !tensors[0].defined() || num_chunks < 1 || num_chunks > (int64_t{1} << 40) || !plain_tensor(out)) {
     return false;
   }
   const int64_t nd0 = tensors[0].dim();

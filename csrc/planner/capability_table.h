@@ -63,6 +63,8 @@ enum CapabilityFlag : int64_t {
 inline constexpr const char* kCapabilityFlagNames[] = {
     "present", "whole_list_only", "host_pass", "batched_transfers", "batched_keeps_versions"};
 constexpr int kNumCapabilityFlags = sizeof(kCapabilityFlagNames) / sizeof(kCapabilityFlagNames[0]);
+static_assert(kNumCapabilityFlags == 5 && kCapBatchedKeepsVersions == int64_t{1} << (kNumCapabilityFlags - 1),
+              "bit k of CapabilityFlag is kCapabilityFlagNames[k]'s");
 
 // Wire format (npu_dispatch/_native.py push_capabilities builds it from the names above): per
 // device type name, in order: flags, max_per_launch, stage_bytes, n_pairs, then n_pairs (src, dst)

@@ -1,10 +1,10 @@
-// Runs a plan and reports what it did as the fixed-size count vector Python's stats take.
+// Runs a plan and reports what it did as a fixed-size count vector (binding/to_python.h hands it
+// to Python by name).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
-#include <utility>
 #include <vector>
 
 #include "planner/plan.h"
@@ -21,11 +21,11 @@ inline constexpr const char* kPathNames[] = {"coalesced", "foreach", "fallback",
 inline constexpr bool kFastPath[] = {true, true, false, false, false, true};
 inline constexpr bool kOffFastPath[] = {false, false, true, true, false, false};
 static_assert(sizeof(kPathNames) / sizeof(kPathNames[0]) == kNumPaths, "a name per Path");
+static_assert(sizeof(kFastPath) / sizeof(kFastPath[0]) == kNumPaths, "a flag per Path");
+static_assert(sizeof(kOffFastPath) / sizeof(kOffFastPath[0]) == kNumPaths, "a flag per Path");
 constexpr int64_t kExecuted = 1;
 constexpr int64_t kBlocked = 2;  // strict: some pair would leave the fast path; nothing written
 constexpr int64_t kBumped = 8;  // the executor bumped the version counters itself (stock plans)
-// The flags Python reads, by name (binding/to_python.cpp).
-inline constexpr std::pair<const char*, int64_t> kCountFlags[] = {{"executed", kExecuted}, {"blocked", kBlocked}};
 constexpr int kCountsLen = 1 + 3 * kNumPaths + kNumKinds;
 
 inline int path_slot(Path p, int field) { return 1 + 3 * p + field; }

@@ -23,7 +23,7 @@ namespace npu_dispatch {
 int64_t one_pass_calls();
 
 // A run of the one-pass plan: adjacent contiguous pairs of one dtype pair in one storage each (a single
-// pair is a run of one). The threaded checks joins runs that meet at a share boundary.
+// pair is a run of one). The threaded checks join runs that meet at a share boundary.
 struct OnePassRun {
   int64_t len = 0, bytes = 0;
   uint16_t dtypes = 0;
@@ -136,7 +136,7 @@ class KernelRanges {
   at::RecordFunction kernel_{at::RecordScope::FUNCTION};
 };
 
-// The count vector (planner/execute.h) of a one-pass plan call (`groups` without empty ones), and the one-pass plan-call
+// The count vector (planner/execute.h) of a one-pass plan call (`groups` without empty ones), and the one-pass call
 // counter both passes move.
 std::vector<int64_t> one_pass_counts(int64_t runs, int64_t run_tensors, int64_t coalesced_bytes,
                                  const std::vector<OnePass::Group>& groups, int64_t empty,

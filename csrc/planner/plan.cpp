@@ -706,4 +706,9 @@ Plan build_plan(at::TensorList dsts, at::TensorList srcs, const CapabilityTable&
 }
 
 
+bool plain_tensor(const at::Tensor& t) {
+  if (is_subclass(t) || t.layout() != at::kStrided || t.is_meta() || t.is_conj() || t.is_neg()) return false;
+  return addressable(t) && has_version_counter(t) && copy_dtype(t.scalar_type());
+}
+
 }  // namespace npu_dispatch

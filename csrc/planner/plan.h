@@ -1,5 +1,8 @@
-// The copy planner: the one set of eligibility rules every entry of the library uses (npu_dispatch's
-// Python side only decodes and renders its plans: npu_dispatch/_native_plan.py).
+// The copy planner: the library's eligibility rule, pair by pair, with a named reason for every pair
+// or call it leaves to stock. The one-pass plan (one_pass.h) and the FSDP copies (fsdp/copies.cpp)
+// check narrower subsets of it (plain_tensor() below, planner/spans.h for overlap) and hand
+// everything else here or to stock; npu_dispatch's Python side only renders plans
+// (npu_dispatch/_native_plan.py).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -124,5 +127,13 @@ int64_t lazy_bit_dst(at::TensorList dsts);
 // copy_ between these never raises; others (quantized, bits, float8...)
 // may raise midway, so the whole call stays on stock.
 bool copy_dtype(c10::ScalarType t);
+
+// The tensor-level half of the planner's rule, for the entries that check one tensor at a time
+// (the FSDP copies, fsdp/copies.cpp): a tensor the fast path may address directly, with no
+// whole-call reason to leave it to stock: no subclass or wrapper, strided, not meta, with an
+// address, a copy dtype, a version counter, no lazy conjugate or negative bit. The planner's
+// per-pair classification (plan.cpp) refuses each of these for its own named reason; the
+// one-pass plan (one_pass.h) accepts a narrower set still (plain CPU key sets).
+bool plain_tensor(const at::Tensor& t);
 
 }  // namespace npu_dispatch

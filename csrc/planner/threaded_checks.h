@@ -29,7 +29,7 @@
 
 namespace npu_dispatch {
 
-// Calls the threaded checks has taken (copied or prepared) since load; each counts in
+// Calls the threaded checks have taken (copied or prepared) since load; each counts in
 // one_pass_calls() too.
 int64_t threaded_check_calls();
 

@@ -65,8 +65,7 @@ def available() -> tuple[bool, str]:
     src = _loader.source_dir()
     if src is None or not _build.EMULATED_NPU.sources(src):
         return False, "the emulated device's C++ sources (csrc/emulated_npu) are not installed"
-    if shutil.which(os.environ.get("CXX", "c++")) is None and not (
-            Path(__file__).resolve().parent / _build.EMULATED_NPU.note).is_file():
+    if shutil.which(os.environ.get("CXX", "c++")) is None and _loader.installed_matches(_build.EMULATED_NPU):
         return False, "no C++ compiler: the emulated device builds with torch.utils.cpp_extension"
     return True, ""
 
