@@ -396,8 +396,7 @@ def main(argv=None) -> dict:
     print(f"\nbitwise equal after every step: losses {result['bitwise_equal']}, "
           f"gradients {result['grads_equal_every_step']}, parameters {result['params_equal_every_step']}")
     print(f"median step time over {result['timed_steps']} steps: stock {result['step_seconds_stock'] * 1e3:.1f} ms, "
-          f"NpuFastCopyMode {result['step_seconds_fast'] * 1e3:.1f} ms ({result['step_speedup']:.2f}x; "
-          f"step by step: {result['step_speedup_paired']:.2f}x)")
+          f"NpuFastCopyMode {result['step_seconds_fast'] * 1e3:.1f} ms (the verdict compares them step by step)")
     print("copy host time in one profiled step (rank 0):")
     for op in COPY_OPS:
         print(f"  {op:<28} stock {result['copy_ms_stock'][op]:7.3f} ms   fast {result['copy_ms_fast'][op]:7.3f} ms")
