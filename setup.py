@@ -55,7 +55,7 @@ def _extension():
             built = Path(self.get_ext_fullpath(ext.name))
             in_tree = HERE / "npu_dispatch" / spec.package / built.name
             note = in_tree.parent / spec.note
-            if in_tree.is_file() and note.is_file() and _read(note) == info:
+            if in_tree.is_file() and spec.why_stale(note, src, torch) is None:
                 if built.resolve() != in_tree.resolve():
                     built.parent.mkdir(parents=True, exist_ok=True)
                     shutil.copyfile(in_tree, built)
@@ -97,13 +97,6 @@ def _extension():
         for spec in build.EXTENSIONS
     ]
     return exts, {"build_ext": OptionalBuild.with_options(use_ninja=True)}
-
-
-def _read(note: Path):
-    try:
-        return json.loads(note.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 ext_modules, cmdclass = _extension()

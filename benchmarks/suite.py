@@ -12,13 +12,12 @@ import json
 import os
 import subprocess
 import sys
-import weakref
 from typing import Callable
 
 import torch
 
 import npu_dispatch
-from npu_dispatch import NpuFastCopyMode, _native
+from npu_dispatch import NpuFastCopyMode
 
 from . import timing
 from .workloads import ChunkCatArgs, CopyOutArgs, DispatchArgs, ExampleArgs, ForeachArgs, Workload

@@ -335,6 +335,11 @@ def step_ratio_band(stock: list, fast: list, seed: int = 0) -> tuple[float, floa
     return statistics.median(ratios), meds[int(0.025 * len(meds))], meds[int(0.975 * len(meds)) - 1]
 
 
+def _per_step(by_op: dict) -> int:
+    """Device launches of one counted step, over its copy ops and kernels."""
+    return sum(sum(kernels.values()) for kernels in by_op.values())
+
+
 def emulated_launches(args) -> dict | None:
     """Device launches per training step of each model on the emulated Ascend device (two ranks of
     ``--device npu --emulate``, one counted step each), or None where the device cannot load."""
@@ -355,8 +360,7 @@ def emulated_launches(args) -> dict | None:
             del os.environ["TORCH_CPP_LOG_LEVEL"]
         else:
             os.environ["TORCH_CPP_LOG_LEVEL"] = level
-    count = lambda by_op: sum(sum(v.values()) for v in by_op.values())  # noqa: E731
-    return {"stock": count(r["launches_stock"]), "fast": count(r["launches_fast"]), "cann": npu_args.cann,
+    return {"stock": _per_step(r["launches_stock"]), "fast": _per_step(r["launches_fast"]), "cann": npu_args.cann,
             "bitwise_equal": r["bitwise_equal"] and r["grads_equal_every_step"] and r["params_equal_every_step"]}
 
 
@@ -381,8 +385,7 @@ def main(argv=None) -> dict:
     result = _run(args)
     result["step_ratio_band"] = step_ratio_band(result["step_seconds_stock_each"], result["step_seconds_fast_each"])
     if args.device == "npu" and args.emulate:
-        count = lambda by_op: sum(sum(v.values()) for v in by_op.values())  # noqa: E731
-        result["npu_launches"] = {"stock": count(result["launches_stock"]), "fast": count(result["launches_fast"]),
+        result["npu_launches"] = {"stock": _per_step(result["launches_stock"]), "fast": _per_step(result["launches_fast"]),
                                   "cann": args.cann, "bitwise_equal": True}  # this run's parity: the verdict's own
     elif args.device == "cpu" and not args.json:
         result["npu_launches"] = emulated_launches(args)

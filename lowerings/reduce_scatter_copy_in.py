@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 
-import torch
 from torch._inductor import lowering as L
 
 __all__ = ["lower_pre_bucket_reduce_scatter"]

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 from pathlib import Path
 
 # -fvisibility=hidden: the extension exports its module init only. -g0: no debug info (setuptools
-# passes Python's -g; the build is a third faster without it).
+# passes Python's -g, which slows the build: docs/notes/profile.md, "Issue 29's restructure").
 # -Wno-maybe-uninitialized, -Wno-unknown-pragmas: false alarms from GCC's AVX-512 headers and
 # torch's `#pragma unroll`, which fill a verbose build's output.
 CFLAGS = ["-O3", "-g0", "-Wno-psabi", "-Wno-maybe-uninitialized", "-Wno-unknown-pragmas", "-fvisibility=hidden", "-fvisibility-inlines-hidden"]
@@ -67,6 +68,27 @@ class Extension:
         an install-time build, and compared with before it is used or reused."""
         return {"source_hash": self.source_hash(src), "torch": torch.__version__,
                 "flags": " ".join(self.compile_args(torch) + self.link_args(torch))}
+
+    def why_stale(self, note: Path, src: Path | None, torch) -> str | None:
+        """None where the build note ``note`` says its library can be used here: built for this
+        torch and, where the sources are known (``src``), from them with today's flags; else why
+        not. The one check of a note, for setup.py's reuse and the loader's import."""
+        if not note.is_file():
+            return "no extension was built at install"
+        try:
+            info = json.loads(note.read_text())
+        except (OSError, ValueError) as e:
+            return f"unreadable {note.name}: {e}"
+        if info.get("torch") != torch.__version__:
+            return f"the extension installed was built for torch {info.get('torch')}, not {torch.__version__}"
+        if src is None:
+            return None
+        want = self.note_for(src, torch)
+        if info.get("source_hash") != want["source_hash"]:
+            return "the extension installed was built from other sources than those next to the package"
+        if info.get("flags") != want["flags"]:
+            return "the extension installed was built with other compiler flags"
+        return None
 
 
 LIBRARY = Extension("npu_dispatch._C", "", "_C_build.json", "", tuple(CFLAGS), True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import json
 import os
 import shutil
 import sys
@@ -62,20 +61,7 @@ def installed_matches(ext: _build.Extension) -> str | None:
 
 
 def _why_not_installed(ext: _build.Extension, src: Path | None) -> str | None:
-    note = _PACKAGE / ext.package / ext.note
-    if not note.is_file():
-        return "no extension was built at install"
-    try:
-        info = json.loads(note.read_text())
-    except (OSError, ValueError) as e:
-        return f"unreadable {note.name}: {e}"
-    if info.get("torch") != torch.__version__:
-        return f"the extension installed was built for torch {info.get('torch')}, not {torch.__version__}"
-    if src is not None and info.get("source_hash") != ext.source_hash(src):
-        return "the extension installed was built from other sources than those next to the package"
-    if src is not None and info.get("flags") != ext.note_for(src, torch)["flags"]:
-        return "the extension installed was built with other compiler flags"
-    return None
+    return ext.why_stale(_PACKAGE / ext.package / ext.note, src, torch)
 
 
 def _installed(ext: _build.Extension, src: Path | None):

@@ -226,7 +226,7 @@ def fold_counters(stats: "_stats.CopyStats", drained: dict | None) -> None:
         stats.add_totals(op, calls, fast, fallback, ns * 1e-9, paths, fallbacks)
 
 
-_stats.set_path_source(lambda: load())
+_stats.set_path_source(load)
 
 
 def available() -> bool:

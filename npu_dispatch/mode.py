@@ -143,7 +143,7 @@ def _pairs(args) -> int:
     return len(first) if isinstance(first, (list, tuple)) else 1
 
 
-def _install_no_native_counters(ops) -> None:
+def _install_no_native_counters(owned) -> None:
     """Python kernels at BackendSelect for the owned ops, registered only where the native library
     is missing: inside an entered mode each call is counted (reason ``no_native``; ``strict``
     raises instead, before anything is written), and every call goes on below BackendSelect
@@ -152,7 +152,7 @@ def _install_no_native_counters(ops) -> None:
     on threads other than the entering one are not counted (a Python thread-local holds the
     modes)."""
     libs: dict = {}
-    for op in ops:
+    for op in owned:
         ns = op.namespace
         if ns not in libs:
             libs[ns] = torch.library.Library(ns, "IMPL")

@@ -22,7 +22,7 @@ _source = None  # set by _native: loads the library, which calls set_paths
 def set_paths(order, fast, off) -> None:
     """The C++ core's paths (report order), fast paths and paths off the fast path."""
     global _order, _fast, _off
-    _order, _fast, _off = tuple(order), frozenset(fast), frozenset(off) | {"stock"}
+    _order, _fast, _off = tuple(order), frozenset(fast), frozenset(off)
 
 
 def set_path_source(load) -> None:

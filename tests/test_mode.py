@@ -7,7 +7,6 @@ import threading
 import pytest
 import torch
 from hypothesis import given, settings
-from hypothesis import strategies as st
 from torch.testing._internal.two_tensor import TwoTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 

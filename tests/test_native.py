@@ -549,9 +549,6 @@ def test_without_the_native_library_every_copy_is_stocks_and_counted_as_no_nativ
 def test_wide_vector_code_stays_in_the_per_isa_namespaces():
     # Inline functions compiled after an ISA switch could be picked by the linker for callers on
     # CPUs without that ISA; every function using 256/512-bit registers must be ours.
-    import glob
-
-
     so = [_native.module().__file__]
     dis = subprocess.run(["objdump", "-d", "-C", "--no-show-raw-insn", so[0]], capture_output=True, text=True).stdout
     fn, offenders = None, set()

@@ -15,7 +15,6 @@ import weakref
 import pytest
 import torch
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import npu_dispatch as nd
 from npu_dispatch import _native

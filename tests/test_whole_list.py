@@ -16,7 +16,7 @@ from hypothesis import given, settings
 import npu_dispatch as nd
 from npu_dispatch import _native, capabilities
 from npu_dispatch.errors import FastCopyFallbackError
-from cases import assert_same, bits, build, cases, direct_copy, one_pass_calls, mode_copy, op_copy, run, stock_copy
+from cases import assert_same, bits, cases, direct_copy, one_pass_calls, mode_copy, op_copy, run, stock_copy
 
 f32, bf16, f16 = torch.float32, torch.bfloat16, torch.float16
 ENTRIES = [direct_copy, op_copy, mode_copy]

@@ -556,18 +556,7 @@ PyObject* static_facts(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nar
   if (!arity(nargs, 1, 1, "static_facts(fsdp_ops)")) return nullptr;
   std::vector<std::string> names;
   if (!str_list(args[0], &names)) return nullptr;
-  const auto facts = npu_dispatch::static_facts(names);
-  PyObject* out = PyList_New(static_cast<Py_ssize_t>(facts.size()));
-  if (out == nullptr) return nullptr;
-  for (size_t i = 0; i < facts.size(); ++i) {
-    PyObject* t = fact_tuple(facts[i]);
-    if (t == nullptr) {
-      Py_DECREF(out);
-      return nullptr;
-    }
-    PyList_SET_ITEM(out, static_cast<Py_ssize_t>(i), t);
-  }
-  return out;
+  return npu_dispatch::py::list_of(npu_dispatch::static_facts(names), fact_tuple);
   END_HANDLE_TH_ERRORS
 }
 

@@ -48,21 +48,6 @@ PyObject* int_list(const std::vector<int64_t>& v, int64_t b, int64_t e) {
   return l;
 }
 
-template <typename T, typename F>
-PyObject* list_of(const std::vector<T>& items, F make) {
-  PyObject* l = PyList_New(static_cast<Py_ssize_t>(items.size()));
-  if (l == nullptr) return nullptr;
-  for (size_t k = 0; k < items.size(); ++k) {
-    PyObject* item = make(items[k]);
-    if (item == nullptr) {
-      Py_DECREF(l);
-      return nullptr;
-    }
-    PyList_SET_ITEM(l, static_cast<Py_ssize_t>(k), item);
-  }
-  return l;
-}
-
 PyObject* str_tuple(const char* const* names, int n) {
   PyObject* t = PyTuple_New(n);
   if (t == nullptr) return nullptr;
@@ -126,13 +111,13 @@ PyObject* drained(const std::vector<int64_t>& v) {
     PyObject* paths = PyDict_New();
     PyObject* fallbacks = PyDict_New();
     bool ok = paths != nullptr && fallbacks != nullptr;
-    const int64_t* pv = o + 4;
     for (int p = 0; ok && p < kNumPaths; ++p) {
-      if (pv[4 * p] != 0) ok = set(paths, PyUnicode_FromString(kPathNames[p]), int_tuple(pv + 4 * p, pv + 4 * p + 4));
+      const int64_t* row = o + op_path_offset(p);
+      if (row[0] != 0) ok = set(paths, PyUnicode_FromString(kPathNames[p]), int_tuple(row, row + 4));
     }
-    const int64_t* rv = pv + 4 * kNumPaths;
     for (int k = 0; ok && k < kNumKinds; ++k) {
-      if (rv[2 * k] != 0) ok = set(fallbacks, PyUnicode_FromString(kKindNames[k]), int_tuple(rv + 2 * k, rv + 2 * k + 2));
+      const int64_t* row = o + op_reason_offset(k);
+      if (row[0] != 0) ok = set(fallbacks, PyUnicode_FromString(kKindNames[k]), int_tuple(row, row + 2));
     }
     PyObject* row = ok ? Py_BuildValue("(LLLLNN)", static_cast<long long>(o[0]), static_cast<long long>(o[1]),
                                        static_cast<long long>(o[2]), static_cast<long long>(o[3]), paths, fallbacks)

@@ -17,6 +17,22 @@
 
 namespace npu_dispatch::py {
 
+// A list of make(item) for each item; nullptr (Python error set) where make returns nullptr.
+template <typename T, typename F>
+PyObject* list_of(const std::vector<T>& items, F make) {
+  PyObject* l = PyList_New(static_cast<Py_ssize_t>(items.size()));
+  if (l == nullptr) return nullptr;
+  for (size_t k = 0; k < items.size(); ++k) {
+    PyObject* item = make(items[k]);
+    if (item == nullptr) {
+      Py_DECREF(l);
+      return nullptr;
+    }
+    PyList_SET_ITEM(l, static_cast<Py_ssize_t>(k), item);
+  }
+  return l;
+}
+
 // A count vector of planner/execute.h as (blocked: bool (strict refused the call; nothing
 // written), paths: {path: (tensors, bytes, launches)}, reasons: {kind: pairs}), each dict holding
 // only what the call used.

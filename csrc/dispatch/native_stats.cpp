@@ -5,7 +5,8 @@
 namespace npu_dispatch {
 namespace {
 
-constexpr int kOpLen = 4 + kNumPaths * 4 + kNumKinds * 2;
+constexpr int kOpHead = 4, kPerPath = 4, kPerKind = 2;
+constexpr int kOpLen = kOpHead + kNumPaths * kPerPath + kNumKinds * kPerKind;
 constexpr int kLen = kNumCountedOps * kOpLen;
 
 OpStats& direct_stats() {
@@ -16,6 +17,8 @@ OpStats& direct_stats() {
 }  // namespace
 
 int op_stats_len() { return kOpLen; }
+int op_path_offset(int path) { return kOpHead + kPerPath * path; }
+int op_reason_offset(int kind) { return kOpHead + kPerPath * kNumPaths + kPerKind * kind; }
 
 OpStats::OpStats() : acc_(kLen, 0) {}
 
@@ -32,17 +35,17 @@ void OpStats::record(CountedOp op, const std::vector<int64_t>& v, int64_t nanose
   o[1] += fast ? 1 : 0;
   o[2] += off ? 1 : 0;
   o[3] += nanoseconds;
-  int64_t* paths = o + 4;
   for (int p = 0; p < kNumPaths; ++p) {
     if (!used(static_cast<Path>(p))) continue;
-    paths[4 * p] += 1;
-    for (int f = 0; f < 3; ++f) paths[4 * p + 1 + f] += v[path_slot(static_cast<Path>(p), f)];
+    int64_t* row = o + op_path_offset(p);
+    row[0] += 1;
+    for (int f = 0; f < 3; ++f) row[1 + f] += v[path_slot(static_cast<Path>(p), f)];
   }
-  int64_t* reasons = paths + kNumPaths * 4;
   for (int k = 0; k < kNumKinds; ++k) {
     const int64_t pairs = v[reason_slot(static_cast<Kind>(k))];
-    reasons[2 * k] += pairs;
-    reasons[2 * k + 1] += pairs != 0 ? 1 : 0;
+    int64_t* row = o + op_reason_offset(k);
+    row[0] += pairs;
+    row[1] += pairs != 0 ? 1 : 0;
   }
 }
 

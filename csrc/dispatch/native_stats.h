@@ -32,8 +32,12 @@ inline constexpr const char* kCountedOpNames[] = {
 };
 static_assert(sizeof(kCountedOpNames) / sizeof(kCountedOpNames[0]) == kNumCountedOps, "a name per op");
 
-// The length of one counted op's block in a drained vector (OpStats::drain).
+// One counted op's block in a drained vector (OpStats::drain), the one place its layout is known:
+// (calls, fast_calls, fallback_calls, nanoseconds) at 0; at op_path_offset(p), path p's (calls,
+// pairs, bytes, launches); at op_reason_offset(k), reason kind k's (pairs, calls).
 int op_stats_len();
+int op_path_offset(int path);
+int op_reason_offset(int kind);
 
 // One set of counters, safe to share between threads.
 class OpStats {

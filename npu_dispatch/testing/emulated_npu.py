@@ -30,7 +30,6 @@ import sys
 import threading
 import types
 from datetime import timedelta
-from pathlib import Path
 from typing import Iterator
 
 import torch
