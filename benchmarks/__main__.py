@@ -13,9 +13,9 @@ from .machine import machine_info
 from .workloads import WORKLOADS, by_name
 
 # (worker processes per workload, rounds per process, seconds per variant per round); one
-# process means this one. Many short rounds rather than a few long ones: this host's memory
-# bandwidth moves in 20-200 ms windows, and in 0.25 s rounds moe_many's per-process efficiency
-# read 0.72 to 1.09 where 0.05 s rounds read 0.93 to 1.05 (docs/notes/profile.md, "Short rounds").
+# process means this one. Many short rounds rather than a few long ones: the host's memory
+# bandwidth drifts within a second, and long rounds let two variants of one process meet
+# different bandwidths where short interleaved ones meet the same drift.
 _FULL = (3, 10, 0.05)
 _QUICK = (1, 3, 0.02)
 

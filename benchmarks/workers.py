@@ -1,8 +1,7 @@
 """Each workload in fresh worker processes, their results merged (``--processes``).
 
-Where a workload's tensors land in memory moves its small-copy timings: ``small_many``'s direct
-op read 9.6 to 11.2 us in five fresh processes and 12.3 to 17.5 us in four that had run
-``tiny_many`` first (its 400 tensors then fill the holes ``tiny_many`` left; docs/notes/profile.md).
+Where a workload's tensors land in memory moves its small-copy timings (run after ``tiny_many``,
+``small_many``'s tensors fill the holes ``tiny_many`` left).
 A single process measures one such layout, chosen by the workloads before it. So, as pyperf
 does, the suite runs each workload in several fresh processes, one after another (never at once:
 they would share the cores). Times are the median of the processes' medians

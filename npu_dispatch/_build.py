@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 # -fvisibility=hidden: the extension exports its module init only. -g0: no debug info (setuptools
-# passes Python's -g, which slows the build: docs/notes/profile.md, "Issue 29's restructure").
+# passes Python's -g, which only slows the build).
 # -Wno-maybe-uninitialized, -Wno-unknown-pragmas: false alarms from GCC's AVX-512 headers and
 # torch's `#pragma unroll`, which fill a verbose build's output.
 CFLAGS = ["-O3", "-g0", "-Wno-psabi", "-Wno-maybe-uninitialized", "-Wno-unknown-pragmas", "-fvisibility=hidden", "-fvisibility-inlines-hidden"]

@@ -6,7 +6,8 @@ It holds:
 - C++ kernels for the ``npu_dispatch::`` ops at CPU, CUDA and PrivateUse1 (they win over the
   Python CompositeExplicitAutograd kernels of ``ops.py``) and, once ``install()`` is called
   (``NpuFastCopyMode``'s first use), the interception kernels at BackendSelect (csrc/dispatch/intercept.h);
-- CPython functions (csrc/binding/python_entry.cpp): ``foreach_copy_planned`` (checks, plan, copy;
+- its Python functions (csrc/binding/module.cpp, pybind11; the hot direct entries hand-written in
+  csrc/binding/direct_entry.cpp): ``foreach_copy_planned`` (checks, plan, copy;
   the debugging mode's and the ops' Python kernels' entry), ``foreach_copy_direct`` (the public
   ``foreach_copy_``'s one-pass plan), ``plan`` (for ``explain``), the mode scopes (``scope_*``),
   ``names`` / ``info`` / ``self_check`` / ``drain_stats`` / ``set_capabilities``. Plans, counts
@@ -63,7 +64,7 @@ def self_check_result() -> dict | None:
 
 def names() -> dict | None:
     """The names the C++ core defines (csrc/binding/to_python.h): ``kinds``, ``paths``,
-    ``fast_paths``, ``off_fast_paths``, ``counted_ops``, ``capability_flags``, ``fsdp_schemas``;
+    ``fast_paths``, ``off_fast_paths``, ``counted_ops`` (the op table's rows, csrc/dispatch/owned_ops.h);
     None without the native library."""
     load()
     return _names
@@ -103,7 +104,7 @@ def planned_op():
 
 def direct_op():
     """``foreach_copy_direct(dsts: list, srcs: list, non_blocking) -> bool``, or None: the fast
-    one-pass plan of the public ``foreach_copy_`` (csrc/binding/python_entry.cpp). True when the copy was done
+    one-pass plan of the public ``foreach_copy_`` (csrc/binding/direct_entry.cpp). True when the copy was done
     and counted; False, with nothing written, when the general path must take the call. The
     one-pass plan takes CPU tensors only, so the npu capability entry never matters to it."""
     if _direct is None and not _tried:
@@ -178,7 +179,7 @@ def _fail(reason: str) -> None:
 
 
 def push_capabilities() -> None:
-    """Send the table in force to C++ (names, flat int table, dtypes; see planner/capability_table.h)."""
+    """Send the table in force to C++ (planner/capability_table.h): one Capability per device type."""
     global _npu_pending
     merged = dict(capabilities.table())
     pending = False
@@ -187,31 +188,23 @@ def push_capabilities() -> None:
             merged["npu"] = capabilities.lookup("npu")  # what plan.py's first sight would cache
         else:
             pending = True
-    names: list[str] = []
-    table: list[int] = []
-    dtypes: list[torch.dtype] = []
-    index: dict[torch.dtype, int] = {}
-
-    def idx(dt: torch.dtype) -> int:
-        if dt not in index:
-            index[dt] = len(dtypes)
-            dtypes.append(dt)
-        return index[dt]
-
+    entries = []
     for name, cap in merged.items():
-        names.append(name)
-        if cap is None:
-            table += [0, 0, 0, 0]
-            continue
-        pairs = [(d, d) for d in sorted(cap.dtypes, key=str)] + sorted(cap.cross_pairs, key=str)
-        # Bit k: the field named by the k-th capability flag C++ defines ("present": any entry).
-        flags = sum(1 << k for k, field in enumerate(_names["capability_flags"])
-                    if field == "present" or getattr(cap, field))
-        table += [flags, cap.max_tensors_per_launch or 0, cap.stage_bytes,
-                  len(pairs)]
-        for s, d in pairs:
-            table += [idx(s), idx(d)]
-    _module.set_capabilities(names, table, dtypes)
+        native = None
+        if cap is not None:
+            native = _module.Capability()
+            native.whole_list_only = cap.whole_list_only
+            native.host_pass = cap.host_pass
+            native.batched_transfers = cap.batched_transfers
+            native.batched_keeps_versions = cap.batched_keeps_versions
+            native.max_per_launch = cap.max_tensors_per_launch or 0
+            native.stage_bytes = cap.stage_bytes
+            for d in cap.dtypes:
+                native.allow(d, d)
+            for s, d in cap.cross_pairs:
+                native.allow(s, d)
+        entries.append((name, native))
+    _module.set_capabilities(entries)
     _npu_pending = pending
 
 
@@ -220,10 +213,10 @@ def _drain_into(stats: "_stats.CopyStats") -> None:
 
 
 def fold_counters(stats: "_stats.CopyStats", drained: dict | None) -> None:
-    """Add counters C++ kept (csrc/binding/to_python.h ``drained``: op -> (calls, fast_calls,
-    fallback_calls, nanoseconds, paths, fallbacks); None or empty: nothing) to ``stats``."""
-    for op, (calls, fast, fallback, ns, paths, fallbacks) in (drained or {}).items():
-        stats.add_totals(op, calls, fast, fallback, ns * 1e-9, paths, fallbacks)
+    """Add counters C++ kept (csrc/binding/to_python.h ``totals``: op -> {calls, fast_calls,
+    fallback_calls, seconds, paths, fallbacks}; None or empty: nothing) to ``stats``."""
+    for op, totals in (drained or {}).items():
+        stats.add_totals(op, **totals)
 
 
 _stats.set_path_source(load)

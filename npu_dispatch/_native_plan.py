@@ -17,48 +17,47 @@ from .plan import (Group, Plan, Run, Stage, _dt, _empty_write_text, _inference_t
 __all__ = ["decode_plan", "native_plan"]
 
 
-def _who(is_dst: int) -> str:
-    return "dst" if is_dst else "src"
-
-
 _OWN_OP = "the device's own _foreach_copy_ takes the whole call"
 
 
-def _stock_text(kind: str, a: int, b: int, sub: int, dsts, srcs, own_op: bool = False) -> str:
-    """Why the whole call is stock's; ``own_op``: a device whose own op takes it whole (planner/plan.h)."""
-    text = _stock_reason_text(kind, a, b, sub, dsts, srcs, own_op)
+def _stock_text(kind: str, a: int, b: int, detail: str, dsts, srcs, own_op: bool = False) -> str:
+    """Why the whole call is stock's; ``detail``: the side or variant of the reason C++ names
+    (csrc/binding/to_python.h); ``own_op``: a device whose own op takes it whole (planner/plan.h)."""
+    text = _stock_reason_text(kind, a, b, detail, dsts, srcs, own_op)
     if own_op and _OWN_OP not in text:
         text = f"{text}; {_OWN_OP}"
     return text
 
 
-def _stock_reason_text(kind: str, a: int, b: int, sub: int, dsts, srcs, own_op: bool) -> str:
-    if kind == "subclass":
-        bad = dsts[a] if sub in (0, 2) else srcs[a]
-        if sub >= 2:
-            return f"{_who(sub == 2)}[{a}] has no storage ({bad.device.type} tensor)"
+def _stock_reason_text(kind: str, a: int, b: int, detail: str, dsts, srcs, own_op: bool) -> str:
+    if kind in ("no_storage", "subclass"):
+        bad = dsts[a] if detail == "dst" else srcs[a]
+        if kind == "no_storage":
+            return f"{detail}[{a}] has no storage ({bad.device.type} tensor)"
         if type(bad) is torch.Tensor:
-            return f"{_who(sub == 0)}[{a}] is a wrapper tensor (functional, batched, zero or nested)"
-        return f"{_who(sub == 0)}[{a}] is a tensor subclass ({type(bad).__name__})"
+            return f"{detail}[{a}] is a wrapper tensor (functional, batched, zero or nested)"
+        return f"{detail}[{a}] is a tensor subclass ({type(bad).__name__})"
     d, s = dsts[a], srcs[a]
     if kind == "layout":
-        return f"pair {a} has layout {d.layout if sub == 0 else s.layout}"
+        return f"pair {a} has layout {d.layout if detail == 'dst' else s.layout}"
     if kind == "meta":
         return f"pair {a} has a meta tensor"
     if kind == "may_raise":
-        if sub == 0:
+        if detail == "no_broadcast":
             return (
                 f"src[{a}] shape {tuple(s.shape)} does not broadcast to dst[{a}] shape "
                 f"{tuple(d.shape)}: stock raises there, after writing the pairs before it"
             )
-        if sub == 2:
+        if detail == "odd_dtype":
             return _odd_dtype_text(a, s.dtype, d.dtype)
-        if sub == 3:
+        if detail == "inference":
             return _inference_text(a)
-        if sub == 4:
+        if detail == "empty_write":
             return _empty_write_text(a)
         return f"dst[{a}] has internal overlap: stock raises there"
-    if kind == "conj_neg":
+    if kind == "conj_neg" and (d.is_conj() or d.is_neg()):
+        # A destination's lazy bit: stock's dispatcher refuses the list. A source's is a pair
+        # off the fast path (below).
         return _lazy_bit_dst_text(a)
     if kind == "order_dependent":
         return _zero_dim_cast_text(a, s.dtype, d.dtype)
@@ -68,29 +67,30 @@ def _stock_reason_text(kind: str, a: int, b: int, sub: int, dsts, srcs, own_op: 
         return _whole_list_text(cap.name if cap is not None else d.device.type)
     if kind in _FALLBACK_KINDS:
         # No pair has a fast path, on a device whose own op batches: that op takes the call whole.
-        return f"no pair has a fast path ({_fallback_text(kind, a, sub, d, s)}, the first): {_OWN_OP}"
+        return f"no pair has a fast path ({_fallback_text(kind, a, detail, d, s)}, the first): {_OWN_OP}"
     if kind == "aliasing":
-        overlap = f"{_who(sub & 2)}[{b}] overlaps {_who(sub & 1)}[{a}]"
+        later, earlier = detail.split("_over_")
+        overlap = f"{later}[{b}] overlaps {earlier}[{a}]"
         return f"{overlap}; {_OWN_OP}" if own_op else f"{overlap}: kept as stock's sequential copy_ loop"
     return kind
 
 
-_FALLBACK_KINDS = frozenset({"broadcast", "device", "not_dense", "strides", "dtype"})
+_FALLBACK_KINDS = frozenset({"broadcast", "device", "not_dense", "strides", "conj_neg", "dtype", "no_capability"})
 
 
-def _fallback_text(kind: str, i: int, sub: int, d: torch.Tensor, s: torch.Tensor) -> str:
+def _fallback_text(kind: str, i: int, detail: str, d: torch.Tensor, s: torch.Tensor) -> str:
     if kind == "broadcast":
         return f"src[{i}] shape {tuple(s.shape)} broadcasts to dst[{i}] shape {tuple(d.shape)}"
     if kind == "device":
         return f"src[{i}] on {s.device}, dst[{i}] on {d.device}"
     if kind == "not_dense":
-        return f"{_who(sub == 0)}[{i}] is not dense"
+        return f"{detail}[{i}] is not dense"
     if kind == "strides":
         return f"src[{i}] strides {s.stride()} differ from dst[{i}] strides {d.stride()}"
     if kind == "conj_neg":
         return f"pair {i} has a lazy conjugate or negative bit"
     if kind == "dtype":
-        if sub == 0:
+        if detail == "complex_to_real":
             return f"pair {i} casts complex to real (stock warns per copy)"
         cap = capabilities.lookup(d.device.type)
         name = cap.name if cap is not None else d.device.type
@@ -106,7 +106,7 @@ def decode_plan(d: dict, dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tens
     if d["stock"] is not None:
         # As in plan.py, pairs classified before the whole-stock decision stay listed.
         kind = d["stock"]
-        plan.stock_reason = (kind, _stock_text(kind, d["stock_a"], d["stock_b"], d["stock_sub"], dsts, srcs,
+        plan.stock_reason = (kind, _stock_text(kind, d["stock_a"], d["stock_b"], d["stock_detail"], dsts, srcs,
                                                own_op=d["stock_launches"] is not None))
     plan.stock_launches = d["stock_launches"]
     for idx, numel in d["runs"]:
@@ -118,9 +118,9 @@ def decode_plan(d: dict, dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tens
     for idx, numel, adjacent, launches in d["stages"]:
         d0, s0 = dsts[idx[0]], srcs[idx[0]]
         plan.stages.append(Stage(idx, numel, d0.device, s0.dtype, d0.dtype, adjacent, launches))
-    for i, kind, sub in d["fallback"]:
+    for i, kind, detail in d["fallback"]:
         plan.fallback.append(i)
-        plan.reasons[i] = (kind, _fallback_text(kind, i, sub, dsts[i], srcs[i]))
+        plan.reasons[i] = (kind, _fallback_text(kind, i, detail, dsts[i], srcs[i]))
     plan.empty = list(d["empty"])
     plan.fallback_launches = d["fallback_launches"]
     return plan

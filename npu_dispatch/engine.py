@@ -1,10 +1,11 @@
 """The Python side of a planned copy: one call into the C++ planner and the stats it returns.
 
 Serves the debugging mode's handlers (``NpuFastCopyMode(strict=True)`` / ``(verify=True)``) and
-the public ops' Python paths. The planning and every copy happen in C++ (``csrc/planner/copy_call.h``
-``plan_and_run``), through ``foreach_copy_planned`` (csrc/binding/python_entry.cpp), which reads the lists
-without boxing them and returns what it did by name (blocked, paths, reasons). Without the native library every call
-goes to the stock op, counted with reason ``no_native``.
+the public ops' Python paths. The planning and every copy happen in C++
+(``csrc/planner/copy_call.h`` ``plan_and_run``), through ``foreach_copy_planned``
+(csrc/binding/module.cpp), which returns what it did as a ``CallResult``: named fields
+``blocked``, ``paths``, ``reasons``. Without the native library every call goes to the stock op,
+counted with reason ``no_native``.
 
 Stock calls issued from here must not be planned again by a mode nested inside another: a
 thread-local flag (``busy``) tells the debugging modes to pass them through.
@@ -123,9 +124,10 @@ def foreach_copy(
     else:
         # One C++ call: checks, plan, copies (below ADInplaceOrView) and the version bumps.
         with _inside():
-            blocked, counts, reasons = planned(dsts, srcs, non_blocking, strict, bump)
-        if blocked:
+            r = planned(dsts, srcs, non_blocking, strict, bump)
+        if r.blocked:
             raise _strict_error(op, native_plan(dsts, srcs))
+        counts, reasons = r.paths, r.reasons
     stats.record_counts(op, counts, reasons, time.perf_counter() - start)
 
 
@@ -154,8 +156,7 @@ def _native_verify(planned, dsts, srcs, non_blocking, op, strict, bump) -> tuple
             _verify(p, dsts, srcs, non_blocking, run)
         else:
             run()
-    _, counts, reasons = v
-    return counts, reasons
+    return v.paths, v.reasons
 
 
 def all_gather_copy_in(
@@ -200,11 +201,10 @@ def _reason_text(reasons: dict) -> str:
     return ", ".join(sorted(reasons)) or "unknown"
 
 
-def _checked(op: str, v, stats: CopyStats, start: float) -> None:
-    blocked, counts, reasons = v
-    if blocked:
-        raise FastCopyFallbackError(f"npu_dispatch strict: {op} falls back: {_reason_text(reasons)}")
-    stats.record_counts(op, counts, reasons, time.perf_counter() - start)
+def _checked(op: str, r, stats: CopyStats, start: float) -> None:
+    if r.blocked:
+        raise FastCopyFallbackError(f"npu_dispatch strict: {op} falls back: {_reason_text(r.reasons)}")
+    stats.record_counts(op, r.paths, r.reasons, time.perf_counter() - start)
 
 
 def _compare(op: str, got: Sequence[torch.Tensor], want: Sequence[torch.Tensor]) -> None:
@@ -240,8 +240,7 @@ def split_with_sizes_copy(
         ref = _reference(out)
         torch.split_with_sizes_copy(all_gather_output, list(all_gather_input_split_sizes), dim, out=ref)
     with _inside():
-        v = module.split_with_sizes_copy(all_gather_output, list(all_gather_input_split_sizes), dim, list(out),
-                                         strict, bump)
+        v = module.copy_out(all_gather_output, list(all_gather_input_split_sizes), dim, list(out), strict, bump)
     _checked(op, v, stats, start)
     if ref is not None:
         _compare(op, out, ref)
@@ -273,7 +272,7 @@ def chunk_cat(
         ref = _reference([out])
         torch._chunk_cat(list(tensors), dim, num_chunks, out=ref[0])
     with _inside():
-        v = module.chunk_cat(list(tensors), dim, num_chunks, out, strict, bump)
+        v = module.chunk_cat(list(tensors), dim, num_chunks, out, strict, bump, False)
     _checked(op, v, stats, start)
     if ref is not None:
         _compare(op, [out], ref)
@@ -302,7 +301,81 @@ def chunk_cat_mixed_dtype(
         with _inside():
             torch.ops.fsdp.chunk_cat_mixed_dtype(list(tensors), dim, num_chunks, out=ref[0])
     with _inside():
-        v = module.chunk_cat_mixed_dtype(list(tensors), dim, num_chunks, out, strict)
+        v = module.chunk_cat(list(tensors), dim, num_chunks, out, strict, False, True)
     _checked(op, v, stats, start)
     if ref is not None:
         _compare(op, [out], ref)
+
+
+# ---- the debugging mode's handlers (strict / verify), keyed by the op table's wrapper column -----
+# (csrc/dispatch/owned_ops.h): handler(mode, op, args, kwargs) with the op's schema arguments.
+
+
+def _non_blocking(args, kwargs) -> bool:
+    return args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+
+
+def _serve_foreach_copy(mode, op, args, kwargs):
+    foreach_copy(args[0], args[1], _non_blocking(args, kwargs), stats=mode.stats, op=op,
+                 strict=mode.strict, verify=mode.verify, bump=mode.bumps(op))
+
+
+def _serve_foreach_copy_functional(mode, op, args, kwargs):
+    # Functional variant (what functionalization emits): stock's outputs keep each destination's
+    # sizes and strides (contiguous where those overlap themselves, as clone does), and every
+    # element is overwritten, so an uninitialised allocation suffices (csrc/dispatch/intercept.cpp like()).
+    outs = [_like(d) for d in args[0]]
+    foreach_copy(outs, args[1], _non_blocking(args, kwargs), stats=mode.stats, op=op,
+                 strict=mode.strict, verify=mode.verify, bump=False)
+    return outs
+
+
+def _like(d: torch.Tensor) -> torch.Tensor:
+    if d.is_contiguous() or torch._debug_has_internal_overlap(d) != 1:
+        return torch.empty_strided(d.shape, d.stride(), dtype=d.dtype, device=d.device)
+    return torch.empty(d.shape, dtype=d.dtype, device=d.device)
+
+
+def _serve_all_gather_copy_in(mode, op, args, kwargs):
+    # Views with autograd metadata where stock's narrow and split make them: ADInplaceOrView in
+    # reach (__torch_dispatch__ gives it back where the caller had it).
+    # The schema's argument names are all_gather_copy_in's parameter names.
+    return all_gather_copy_in(*args, **kwargs, stats=mode.stats, op=op, strict=mode.strict, verify=mode.verify,
+                              bump=mode.bumps(op))
+
+
+def _serve_split_with_sizes_copy(mode, op, args, kwargs):
+    src, sizes = args[0], args[1]
+    dim = args[2] if len(args) > 2 else kwargs.get("dim", 0)
+    split_with_sizes_copy(src, sizes, dim, kwargs["out"], stats=mode.stats, op=op, strict=mode.strict,
+                          verify=mode.verify, bump=mode.bumps(op))
+
+
+def _serve_chunk_cat(mode, op, args, kwargs):
+    # Stock's kernel runs with autograd in reach, so _chunk_cat.out raises for an argument that
+    # requires grad; a dispatch mode's handler runs below autograd. The calls this handler issues
+    # (stock's, where the fast path refuses such a call) get autograd back.
+    with _autograd_in_reach():
+        chunk_cat(args[0], args[1], args[2], kwargs["out"], stats=mode.stats, op=op, strict=mode.strict,
+                  verify=mode.verify, bump=mode.bumps(op))
+
+
+def _serve_chunk_cat_mixed_dtype(mode, op, args, kwargs):
+    chunk_cat_mixed_dtype(args[0], args[1], args[2], kwargs["out"], stats=mode.stats, op=op,
+                          strict=mode.strict, verify=mode.verify)
+
+
+def _autograd_in_reach():
+    include = torch._C._dispatch_tls_local_include_set()
+    exclude = torch._C._dispatch_tls_local_exclude_set().remove(torch._C.DispatchKey.AutogradFunctionality)
+    return torch._C._ForceDispatchKeyGuard(include, exclude)
+
+
+HANDLERS = {
+    "foreach_copy": _serve_foreach_copy,
+    "foreach_copy_functional": _serve_foreach_copy_functional,
+    "all_gather_copy_in": _serve_all_gather_copy_in,
+    "split_with_sizes_copy": _serve_split_with_sizes_copy,
+    "chunk_cat": _serve_chunk_cat,
+    "chunk_cat_mixed_dtype": _serve_chunk_cat_mixed_dtype,
+}

@@ -17,7 +17,7 @@ import weakref
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 
-from . import _native, engine, ops  # noqa: F401  ops: registers npu_dispatch::
+from . import _native, _op_table, engine, ops  # noqa: F401  ops: registers npu_dispatch::
 from . import stats as stats_module
 from .stats import CopyStats
 
@@ -26,21 +26,18 @@ __all__ = ["NpuFastCopyMode"]
 log = logging.getLogger("npu_dispatch")
 aten = torch.ops.aten
 
-def _fsdp_ops(wanted: dict) -> dict:
-    """``{name: (fsdp.<name>.default, why not served or None)}`` for the FSDP copy ops of
-    ``wanted`` (name -> the schema the C++ kernel is typed on, csrc/dispatch/dispatcher_facts.h;
-    None: any) that exist in this torch."""
-    if not torch.distributed.is_available():
-        return {}
-    importlib.import_module("torch.distributed.fsdp._fully_shard._fsdp_collectives")  # defines fsdp::
-    found = {}
-    for name, schema in wanted.items():
-        packet = getattr(torch.ops.fsdp, name, None)
-        if packet is None:
-            continue
-        op = packet.default
-        found[name] = (op, None if schema in (None, str(op._schema)) else f"unsupported fsdp::{name} schema {op._schema}")
-    return found
+def _find(row) -> tuple:
+    """``(OpOverload or None, why it is not served or None)`` for an owned op (csrc/dispatch/owned_ops.h
+    row): None where this torch has no such op; a reason where its schema is not the row's."""
+    if row.namespace == "fsdp":
+        if not torch.distributed.is_available():
+            return None, None
+        importlib.import_module("torch.distributed.fsdp._fully_shard._fsdp_collectives")  # defines fsdp::
+    packet = getattr(getattr(torch.ops, row.namespace), row.op_name, None)
+    if packet is None:
+        return None, None
+    op = packet.default
+    return op, None if str(op._schema) == row.schema else f"unsupported {row.name} schema {op._schema}"
 
 
 # Filled on the first NpuFastCopyMode(): finding the FSDP op imports FSDP, which `import
@@ -66,17 +63,17 @@ def _interception_refused() -> str | None:
     return _NO_INTERCEPTION[0] if _NO_INTERCEPTION else None
 
 
-def _check_and_install(module, fsdp_served: list) -> str | None:
+def _check_and_install(module, served: list) -> str | None:
     """Checks the dispatcher facts the interception kernels rely on, installs the kernels where
     they hold and checks a live call; returns why the mode must take its Python path, or None."""
     if os.environ.get(INTERCEPTION_ENV, "1") == "0":
         return f"{INTERCEPTION_ENV}=0"
-    facts = [tuple(f) for f in module.static_facts(fsdp_served)]
+    facts = [tuple(f) for f in module.static_facts(served)]
     FACTS[:] = facts
     failing = [f for f in facts if not f[1]]
     if failing:
         return f"{failing[0][0]}: {failing[0][2]}"
-    module.install(fsdp_served)
+    module.install(served)
     live = tuple(module.live_fact())
     FACTS.append(live)
     return None if live[1] else f"{live[0]}: {live[2]}"
@@ -88,44 +85,33 @@ def _install() -> None:
     if _TABLE:
         return
 
-    handlers = {
-        aten._foreach_copy_.default: _foreach_copy_,
-        aten._foreach_copy.default: _foreach_copy,
-        torch.ops.npu_dispatch.foreach_copy_.default: _foreach_copy_,
-        torch.ops.npu_dispatch.all_gather_copy_in.default: _all_gather_copy_in,
-        torch.ops.npu_dispatch.split_with_sizes_copy.default: _split_with_sizes_copy,
-        torch.ops.npu_dispatch.chunk_cat.default: _chunk_cat,
-    }
-    fsdp_handlers = {"all_gather_copy_in": _all_gather_copy_in, "split_with_sizes_copy": _split_with_sizes_copy,
-                     "chunk_cat": _chunk_cat, "chunk_cat_mixed_dtype": _chunk_cat_mixed_dtype}
-    entries = dict(handlers)
-    names = _native.names()
-    if names is not None:
-        fsdp = _fsdp_ops(names["fsdp_schemas"])
-    else:
-        # Without the native library every fsdp copy op this mode knows passes through to stock,
-        # counted (below), whatever its schema.
-        fsdp = {name: (op, "no native library") for name, (op, _) in _fsdp_ops(dict.fromkeys(fsdp_handlers)).items()}
-    for name, (op, why) in fsdp.items():
-        if why is None:
-            entries[op] = fsdp_handlers[name]
-        else:
-            if names is not None:
-                log.warning("npu_dispatch: passing fsdp.%s through to stock: %s", name, why)
-            entries[op] = None
     module = _native.module()
-    served = [name for name, (_, why) in fsdp.items() if why is None]
+    entries = {}  # op -> handler, or None where the op only passes through
+    served, passing = [], []
+    for row in _op_table.rows():
+        op, why = _find(row)
+        if op is None:
+            continue
+        if row.namespace == "aten":
+            why = None  # its schema is a dispatcher fact (csrc/dispatch/dispatcher_facts.h)
+        elif row.intercepted:
+            if module is None:
+                # Without the native library every such op passes through to stock, counted
+                # (below), whatever its schema.
+                why = "no native library"
+            elif why is not None:
+                log.warning("npu_dispatch: passing %s through to stock: %s", row.counted, why)
+            (served if why is None else passing).append(row.name)
+        entries[op] = engine.HANDLERS[row.wrapper] if why is None else None
     refused = _check_and_install(module, served) if module is not None else None
     if refused is not None:
         log.warning("npu_dispatch: NpuFastCopyMode takes the Python dispatch-mode path (a per-op cost): %s", refused)
         _NO_INTERCEPTION.append(refused)
     elif module is not None:
-        for name, (_, why) in fsdp.items():
-            if why is not None:
-                module.install_passthrough(f"fsdp::{name}", "")
+        for name in passing:
+            module.install_passthrough(name, "")
     else:
-        _install_no_native_counters([aten._foreach_copy_.default, aten._foreach_copy.default]
-                                    + [op for op, _ in fsdp.values()])
+        _install_no_native_counters([op for op in entries if op.namespace != "npu_dispatch"])
     _TABLE.update({id(op): (op, h, f"{op.namespace}.{op._opname}") for op, h in entries.items()})
 
 
@@ -174,69 +160,6 @@ def _install_no_native_counters(owned) -> None:
         overload = "" if op._overloadname == "default" else f".{op._overloadname}"
         libs[ns].impl(op._opname + overload, kernel, "BackendSelect", with_keyset=True)
     _KEEP_ALIVE.extend(libs.values())
-
-
-# ---- the debugging mode's handlers (strict / verify) -------------------------------------------
-
-
-def _non_blocking(args, kwargs) -> bool:
-    return args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
-
-
-def _foreach_copy_(mode, op, args, kwargs):
-    engine.foreach_copy(args[0], args[1], _non_blocking(args, kwargs), stats=mode.stats, op=op,
-                        strict=mode.strict, verify=mode.verify, bump=mode.bumps(op))
-
-
-def _foreach_copy(mode, op, args, kwargs):
-    # Functional variant (what functionalization emits): stock's outputs keep each destination's
-    # sizes and strides (contiguous where those overlap themselves, as clone does), and every
-    # element is overwritten, so an uninitialised allocation suffices (csrc/dispatch/intercept.cpp like()).
-    outs = [_like(d) for d in args[0]]
-    engine.foreach_copy(outs, args[1], _non_blocking(args, kwargs), stats=mode.stats, op=op,
-                        strict=mode.strict, verify=mode.verify, bump=False)
-    return outs
-
-
-def _like(d: torch.Tensor) -> torch.Tensor:
-    if d.is_contiguous() or torch._debug_has_internal_overlap(d) != 1:
-        return torch.empty_strided(d.shape, d.stride(), dtype=d.dtype, device=d.device)
-    return torch.empty(d.shape, dtype=d.dtype, device=d.device)
-
-
-def _all_gather_copy_in(mode, op, args, kwargs):
-    # Views with autograd metadata where stock's narrow and split make them: ADInplaceOrView in
-    # reach (__torch_dispatch__ gives it back where the caller had it).
-    # The schema's argument names are engine.all_gather_copy_in's parameter names.
-    return engine.all_gather_copy_in(*args, **kwargs, stats=mode.stats, op=op, strict=mode.strict, verify=mode.verify,
-                                     bump=mode.bumps(op))
-
-
-def _split_with_sizes_copy(mode, op, args, kwargs):
-    src, sizes = args[0], args[1]
-    dim = args[2] if len(args) > 2 else kwargs.get("dim", 0)
-    engine.split_with_sizes_copy(src, sizes, dim, kwargs["out"], stats=mode.stats, op=op, strict=mode.strict,
-                                 verify=mode.verify, bump=mode.bumps(op))
-
-
-def _chunk_cat(mode, op, args, kwargs):
-    # Stock's kernel runs with autograd in reach, so _chunk_cat.out raises for an argument that
-    # requires grad; a dispatch mode's handler runs below autograd. The calls this handler issues
-    # (stock's, where the fast path refuses such a call) get autograd back.
-    with _autograd_in_reach():
-        engine.chunk_cat(args[0], args[1], args[2], kwargs["out"], stats=mode.stats, op=op, strict=mode.strict,
-                         verify=mode.verify, bump=mode.bumps(op))
-
-
-def _chunk_cat_mixed_dtype(mode, op, args, kwargs):
-    engine.chunk_cat_mixed_dtype(args[0], args[1], args[2], kwargs["out"], stats=mode.stats, op=op,
-                                 strict=mode.strict, verify=mode.verify)
-
-
-def _autograd_in_reach():
-    include = torch._C._dispatch_tls_local_include_set()
-    exclude = torch._C._dispatch_tls_local_exclude_set().remove(torch._C.DispatchKey.AutogradFunctionality)
-    return torch._C._ForceDispatchKeyGuard(include, exclude)
 
 
 def _infra_mode_below(get=torch._C._get_dispatch_mode, proxy=torch._C._TorchDispatchModeKey.PROXY,
@@ -333,8 +256,8 @@ def _free_scope(module, scope: int, stats: CopyStats) -> None:
 
 
 class NpuFastCopyMode:
-    """Serves ``aten._foreach_copy_``, ``aten._foreach_copy``, ``fsdp.all_gather_copy_in`` and the
-    ``npu_dispatch::`` ops with the library's planner inside a ``with`` block.
+    """Serves the owned ops (``aten._foreach_copy_`` and FSDP2's copy ops; the rows of
+    csrc/dispatch/owned_ops.h) with the library's planner inside a ``with`` block.
 
     Results, errors and version-counter bumps are those of the stock ops without a mode, bit for
     bit (NaN payloads and -0.0 included). Every other op costs what it costs with no mode: by

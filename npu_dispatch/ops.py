@@ -13,20 +13,15 @@ from typing import Sequence
 import torch
 import torch.autograd.forward_ad as _fwad
 
-from . import _native, engine
+from . import _native, _op_table, engine
 from . import stats as _stats
 
 __all__ = ["foreach_copy_", "all_gather_copy_in", "split_with_sizes_copy", "chunk_cat"]
 
 _lib = torch.library.Library("npu_dispatch", "DEF")
-_lib.define("foreach_copy_(Tensor(a!)[] self, Tensor[] src, bool non_blocking=False) -> ()")
-_lib.define(
-    "all_gather_copy_in(Tensor[] all_gather_inputs, Tensor all_gather_output, "
-    "SymInt[] inp_split_sizes, SymInt all_gather_input_numel, SymInt rank) -> (Tensor, Tensor)"
-)
-_lib.define("split_with_sizes_copy(Tensor all_gather_output, SymInt[] all_gather_input_split_sizes, int dim=0, *, "
-            "Tensor(a!)[] out) -> ()")
-_lib.define("chunk_cat(Tensor[] tensors, int dim, int num_chunks, *, Tensor(a!) out) -> ()")
+for _row in _op_table.rows():
+    if _row.namespace == "npu_dispatch":
+        _lib.define(_row.definition)
 
 
 def _foreach_copy_kernel(self: list[torch.Tensor], src: list[torch.Tensor], non_blocking: bool = False) -> None:
@@ -164,7 +159,7 @@ def foreach_copy_(
         self = list(_tensor_list("foreach_copy_", "self", 0, self))
     if type(src) is not list:
         src = list(_tensor_list("foreach_copy_", "src", 1, src))
-    # The direct entry's gate (csrc/binding/python_entry.cpp unobserved(): modes, forward AD, extra
+    # The direct entry's gate (csrc/binding/direct_entry.cpp unobserved(): modes, forward AD, extra
     # dispatch keys such as the JIT tracer's) and the one-pass plan's checks (requires_grad...) run in
     # C++; a compiler recording this function is the one thing C++ cannot see. These lines are the
     # whole Python cost of a call the one-pass plan takes, so they read the loaded entry directly.
@@ -245,7 +240,7 @@ def split_with_sizes_copy(
     # Python cost of a call the direct entry serves.
     module = _native._module if _native._module is not None else _native.module()
     if (module is not None and not torch.compiler.is_compiling()
-            and module.split_with_sizes_copy_direct(all_gather_output, all_gather_input_split_sizes, dim, out)):
+            and module.copy_out_direct(all_gather_output, all_gather_input_split_sizes, dim, out)):
         return
     torch.ops.npu_dispatch.split_with_sizes_copy.default(all_gather_output, _as_list(all_gather_input_split_sizes),
                                                          dim, out=_as_list(out))

@@ -103,25 +103,75 @@ class Case:
     seed: int
 
 
-def _fill(t: torch.Tensor, gen: torch.Generator) -> None:
-    """Random bits plus special patterns, written through the tensor's whole storage."""
+def _signed(bits: int, size: int) -> int:
+    return bits - (1 << (8 * size)) if bits >= 1 << (8 * size - 1) else bits
+
+
+# _SPECIAL_BITS as signed words, each list twice over: the k-th pattern written is _SPECIAL_WORDS[k].
+_WORD_DTYPES = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+_SPECIAL_WORDS = {size: torch.tensor([_signed(b, size) for b in pats] * 2, dtype=_WORD_DTYPES[size])
+                  for size, pats in _SPECIAL_BITS.items()}
+
+
+def _fill(t: torch.Tensor, gen: "torch.Generator | Draws") -> None:
+    """Random bits plus special patterns, written through the tensor's whole storage (drawn from
+    ``gen``, or what a Draws gives)."""
+    if isinstance(gen, Draws):
+        gen.fill(t)
+        return
+    _draw(t, gen)
+
+
+def _draw(t: torch.Tensor, gen: torch.Generator) -> None:
     raw = torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
     if raw.numel() == 0:
         return
-    if t.dtype == torch.bool:
-        raw.copy_(torch.randint(0, 2, raw.shape, generator=gen, dtype=torch.uint8))
-        return
-    raw.copy_(torch.randint(0, 256, raw.shape, generator=gen, dtype=torch.uint8))
+    # In place: the same draws as torch.randint(0, high, raw.shape, generator=gen) copied in.
+    raw.random_(0, 2 if t.dtype == torch.bool else 256, generator=gen)
     if t.dtype.is_floating_point or t.dtype.is_complex:
         size = t.element_size() if t.dtype.is_floating_point else t.element_size() // 2
-        int_dtype = {2: torch.int16, 4: torch.int32, 8: torch.int64}[size]
-        words = raw[: raw.numel() // size * size].view(int_dtype)
-        pats = _SPECIAL_BITS[size]
-        k = min(words.numel(), 2 * len(pats))
-        pos = torch.randperm(words.numel(), generator=gen)[:k]
-        for n, p in enumerate(pos.tolist()):
-            bits = pats[n % len(pats)]
-            words[p] = bits - (1 << (8 * size)) if bits >= 1 << (8 * size - 1) else bits
+        words = (raw if raw.numel() % size == 0 else raw[: raw.numel() // size * size]).view(_WORD_DTYPES[size])
+        pats = _SPECIAL_WORDS[size]
+        k = min(words.numel(), pats.numel())
+        # The first k patterns (cycling through the list) at k distinct random words, in one write.
+        words.index_copy_(0, torch.randperm(words.numel(), generator=gen)[:k], pats[:k])
+
+
+class Draws:
+    """A seeded generator for several builds of the same inputs (``build(case, draws)``, or any
+    maker whose tensors _fill fills, handed this as its generator). The first build draws from
+    ``torch.Generator().manual_seed(seed)`` and records the bytes each storage got, in order; each
+    later one copies those bytes back instead of drawing them again. So every build gets what a
+    fresh generator of that seed gives (identical, independently allocated inputs) in a fraction
+    of the time."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+        self._gen = torch.Generator().manual_seed(seed)
+        self._bytes: list = []
+        self._builds = 0
+        self._next = None  # None: the first build, drawing and recording; else the next to copy back
+
+    def start(self) -> "Draws":
+        """Before each build."""
+        self._builds += 1
+        self._next = None if self._builds == 1 else 0
+        return self
+
+    def done(self) -> None:
+        """After each build: a later build must have filled exactly what the first did."""
+        assert self._next is None or self._next == len(self._bytes), "builds of one seed differ in their storages"
+
+    def fill(self, t: torch.Tensor) -> None:
+        storage = t.untyped_storage()
+        if self._next is None:
+            _draw(t, self._gen)
+            self._bytes.append(storage.clone())
+            return
+        recorded = self._bytes[self._next]
+        assert recorded.nbytes() == storage.nbytes(), "builds of one seed differ in their storages"
+        storage.copy_(recorded)
+        self._next += 1
 
 
 def _make(shape, dtype, layout, gen, pool=None) -> torch.Tensor:
@@ -145,9 +195,12 @@ def _make(shape, dtype, layout, gen, pool=None) -> torch.Tensor:
     return t
 
 
-def build(case: Case) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
-    """Fresh (dsts, srcs, storages to compare) for ``case``."""
-    gen = torch.Generator().manual_seed(case.seed)
+def build(case: Case, draws: Draws | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """Fresh (dsts, srcs, storages to compare) for ``case``; ``draws``: a ``Draws(case.seed)``
+    shared by several builds of the case, the same tensors drawn once."""
+    if draws is not None:
+        assert draws.seed == case.seed
+    gen = torch.Generator().manual_seed(case.seed) if draws is None else draws.start()
     pools = {}
 
     def pooled(kind):
@@ -182,6 +235,8 @@ def build(case: Case) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torc
     for i, j in case.alias:
         if i < len(srcs) and j < len(dsts) and dsts[j].shape == dsts[i].shape:
             srcs[i] = dsts[j]
+    if draws is not None:
+        draws.done()
     _bound_undefined(dsts, srcs)
     storages = list({id(t.untyped_storage()): t for t in dsts + srcs}.values())
     return dsts, srcs, storages
@@ -249,9 +304,10 @@ def _stock_undefined(dsts, srcs, storages) -> tuple[list[tuple[int, int]], list[
     return [(index[_storage_ptr(dsts[k])], dsts[k].storage_offset() * 2) for k in picked], picked
 
 
-def run(case: Case, fn) -> dict:
-    """Build ``case``, call ``fn(dsts, srcs)``, and capture everything observable."""
-    dsts, srcs, storages = build(case)
+def run(case: Case, fn, draws: Draws | None = None) -> dict:
+    """Build ``case`` (from ``draws``, see build), call ``fn(dsts, srcs)``, and capture everything
+    observable."""
+    dsts, srcs, storages = build(case, draws)
     undefined = _stock_undefined(dsts, srcs, storages)
     try:
         out = fn(dsts, srcs)

@@ -58,7 +58,7 @@ from npu_dispatch import _native, mode
 lib = torch.library.Library("fsdp", "FRAGMENT")
 lib.define("npu_dispatch_test_copy(Tensor x) -> Tensor")
 lib.impl("npu_dispatch_test_copy", lambda x: x.clone(), "CompositeImplicitAutograd")
-facts = _native.module().static_facts(["npu_dispatch_test_copy", "all_gather_copy_in"])
+facts = _native.module().static_facts(["fsdp::npu_dispatch_test_copy", "fsdp::all_gather_copy_in"])
 bad = [f for f in facts if not f[1]]
 assert [f[0] for f in bad] == ["no CompositeImplicitAutograd kernel on fsdp::npu_dispatch_test_copy"], facts
 assert "decompose above BackendSelect" in bad[0][2]

@@ -7,17 +7,48 @@ import statistics
 import subprocess
 import sys
 
+import pytest
+
 from cases import RS_COPY_IN
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "examples", "fsdp_train.py")
 
 
-def _run(*args):
-    return subprocess.run([sys.executable, EXAMPLE, *args], capture_output=True, text=True, timeout=600)
+# The two training runs the tests read, started together by the first test that needs one: each
+# is a parent and two gloo ranks that leave cores idle at times, so side by side they take less
+# than one after the other.
+_RUNS = {"json": ["--steps", "3", "--world-size", "2", "--json"], "verdict": ["--steps", "3", "--world-size", "2"]}
 
 
-def test_fsdp2_training_is_bitwise_equal_after_every_step_and_takes_the_fast_path():
-    proc = _run("--steps", "3", "--world-size", "2", "--json")
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """``{name: CompletedProcess}`` for each command line of _RUNS."""
+    tmp = tmp_path_factory.mktemp("example")
+    started = {}
+    try:
+        for name, args in _RUNS.items():
+            out, err = open(tmp / f"{name}.out", "w+"), open(tmp / f"{name}.err", "w+")
+            started[name] = (subprocess.Popen([sys.executable, EXAMPLE, *args], stdout=out, stderr=err, text=True),
+                             out, err)
+        for proc, _, _ in started.values():
+            proc.wait(timeout=600)
+    finally:
+        for proc, _, _ in started.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    done = {}
+    for name, (proc, out, err) in started.items():
+        out.seek(0)
+        err.seek(0)
+        done[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read())
+        out.close()
+        err.close()
+    return done
+
+
+def test_fsdp2_training_is_bitwise_equal_after_every_step_and_takes_the_fast_path(runs):
+    proc = runs["json"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["steps"] == 3 and result["world_size"] == 2
@@ -39,15 +70,48 @@ def test_fsdp2_training_is_bitwise_equal_after_every_step_and_takes_the_fast_pat
     assert all(v > 0 for v in result["copy_ms_stock"].values())
 
 
+# Each command line in turn through the script's own entry (run as __main__, argv set), in one
+# process: the exit status and what went to stderr, as JSON. Training is not started here: a
+# command line that is not refused reaches mp.spawn, which raises instead.
+_REFUSALS_SCRIPT = """
+import contextlib, io, json, runpy, sys
+import torch.multiprocessing as mp
+
+def spawn(*a, **kw):
+    raise RuntimeError("not refused: training would start")
+
+mp.spawn = spawn
+example, seen = sys.argv[1], []
+for args in json.loads(sys.argv[2]):
+    sys.argv, err = [example, *args], io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            runpy.run_path(example, run_name="__main__")
+        code = "returned"
+    except SystemExit as e:
+        code = e.code
+    except Exception as e:
+        code = f"raised {type(e).__name__}: {e}"
+    seen.append([code, err.getvalue()])
+print(json.dumps(seen))
+"""
+
+_REFUSED = ((["--world-size", "0"], "--world-size: must be at least 1"),
+            (["--steps", "0"], "--steps: must be at least 1"),
+            (["--steps", "x"], "is not a whole number"),
+            (["--device", "tpu"], "invalid choice"),
+            (["--emulate"], "--emulate needs --device npu"),
+            (["--device", "npu", "--cann", "8.0.RC3"], "--cann needs --emulate"))
+
+
 def test_the_command_line_refuses_what_it_cannot_run():
-    for args, text in ((["--world-size", "0"], "--world-size: must be at least 1"),
-                       (["--steps", "0"], "--steps: must be at least 1"),
-                       (["--steps", "x"], "is not a whole number"),
-                       (["--device", "tpu"], "invalid choice"),
-                       (["--emulate"], "--emulate needs --device npu"),
-                       (["--device", "npu", "--cann", "8.0.RC3"], "--cann needs --emulate")):
-        proc = _run(*args)
-        assert proc.returncode == 2 and text in proc.stderr, (args, proc.stderr[-500:])
+    proc = subprocess.run([sys.executable, "-c", _REFUSALS_SCRIPT, EXAMPLE, json.dumps([a for a, _ in _REFUSED])],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(seen) == len(_REFUSED)
+    for (args, text), (code, stderr) in zip(_REFUSED, seen):
+        assert code == 2 and text in stderr, (args, code, stderr[-500:])
 
 
 def _example_module():
@@ -59,8 +123,8 @@ def _example_module():
     return module
 
 
-def test_the_run_ends_with_one_verdict_line_and_no_profiler_noise():
-    proc = _run("--steps", "3", "--world-size", "2")
+def test_the_run_ends_with_one_verdict_line_and_no_profiler_noise(runs):
+    proc = runs["verdict"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
     assert lines[-1].startswith("verdict: the mode served ") and "fell back, bitwise equal" in lines[-1]

@@ -586,3 +586,40 @@ def test_a_long_refused_chunk_cat_leaves_a_copy_on_write_out_as_stock_does():
         with pytest.raises(RuntimeError):
             fn(tensors, 0, 8, out)
         assert torch._C._is_cow_tensor(out), fn.__name__
+
+
+@pytest.mark.parametrize("op", ["chunk_cat", "split_with_sizes_copy"])
+def test_a_call_left_to_stock_for_autograd_is_counted_as_requires_grad(op):
+    # Stock serves an input that requires grad (its out does not) under grad mode; the fast
+    # path leaves that call to stock and names the reason.
+    def call(x, outs):
+        if op == "chunk_cat":
+            fsdp.chunk_cat([x, torch.ones(3)], 0, 2, out=outs[0])
+        else:
+            fsdp.split_with_sizes_copy(x.view(2, 3), [1, 2], dim=1, out=outs)
+
+    def fresh():
+        x = torch.arange(6.0, requires_grad=True)
+        outs = [torch.zeros(2, 5)] if op == "chunk_cat" else [torch.zeros(2, 1), torch.zeros(2, 2)]
+        return x, outs
+
+    x, want = fresh()
+    try:
+        call(x, want)
+        want_error = None
+    except RuntimeError as e:
+        want_error = str(e).split("\n")[0]
+    x, got = fresh()
+    with nd.NpuFastCopyMode() as mode:
+        try:
+            call(x, got)
+            got_error = None
+        except RuntimeError as e:
+            got_error = str(e).split("\n")[0]
+    assert got_error == want_error
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    if want_error is None:
+        assert set(mode.stats.fallback_reasons) == {"requires_grad"}, mode.stats.report()
+    with pytest.raises(nd.FastCopyFallbackError, match="requires_grad"):
+        with nd.NpuFastCopyMode(strict=True):
+            call(*fresh())

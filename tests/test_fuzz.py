@@ -1,8 +1,9 @@
 """A differential fuzzer: every copy the mode owns, stock against the mode and the direct op.
 
-Each test draws ``NPU_DISPATCH_FUZZ_CALLS`` (default 10,000) random calls in one process, so state
+Each test draws ``NPU_DISPATCH_FUZZ_CALLS`` (default 5,000) random calls in one process, so state
 carried from one call to the next shows, and compares everything observable with stock's op run
-on an identical fresh build of the same inputs: every byte of every storage the call could touch,
+on an identical fresh build of the same inputs (drawn once per call, then copied into each fresh
+build: cases.Draws): every byte of every storage the call could touch,
 the error (type and message), version counters, returned tensors (bits, strides, whether they are
 views of the output) and, where sources require grad, the gradients stock's graph gives.
 
@@ -14,6 +15,7 @@ The seed is printed and named in every failure; ``NPU_DISPATCH_FUZZ_SEED=<seed>`
 """
 from __future__ import annotations
 
+import math
 import os
 import random
 import warnings
@@ -22,9 +24,10 @@ import pytest
 import torch
 
 import npu_dispatch as nd
-from cases import DTYPES, FLOATS, LAYOUTS, RS_COPY_IN, Case, Pair, assert_same, bits, build, run
+from cases import DTYPES, FLOATS, LAYOUTS, RS_COPY_IN, Case, Draws, Pair, assert_same, bits, build, run
+from cases import _fill as fill
 
-CALLS = int(os.environ.get("NPU_DISPATCH_FUZZ_CALLS", "10000"))
+CALLS = int(os.environ.get("NPU_DISPATCH_FUZZ_CALLS", "5000"))
 SEED = int(os.environ.get("NPU_DISPATCH_FUZZ_SEED", str(random.SystemRandom().randrange(1 << 31))))
 f32, bf16 = torch.float32, torch.bfloat16
 
@@ -114,26 +117,26 @@ def test_foreach_copy_matches_stock_over_random_calls():
     for k in range(CALLS):
         case = _random_case(rng, k)
         mut = rng.random()
-        made = {}
+        draws = Draws(case.seed)  # one draw of the inputs; every build of this call copies it
 
-        def make(name):
-            d, s, storages = build(case)
+        def make():
+            d, s, storages = build(case, draws)
             d, s = _mutate(random.Random(mut), d, s)
-            made[name] = (d, s)
             return d, s, storages
 
-        want_meta = None
-        d0, s0, _ = make("probe")
+        # The first build is stock's: what it holds (meta tensors, grad sources) picks the comparison.
+        first = make()
+        d0, s0, _ = first
         if any(t.is_meta for t in [*d0, *s0]):
             want_meta = _outcome(stock, d0, s0)
             for name, fn in entries.items():
-                d, s, _ = make(name)
+                d, s, _ = make()
                 assert _outcome(fn, d, s) == want_meta, _fail(name, k, "meta call", case)
             continue
         grads = any(t.requires_grad for t in s0)
-        want = _run(stock, make, "stock", grads)
+        want = _run(stock, lambda: first, grads)
         for name, fn in entries.items():
-            got = _run(fn, make, name, grads)
+            got = _run(fn, make, grads)
             try:
                 assert_same(want, got)
                 assert got["grads"] == want["grads"]
@@ -141,8 +144,8 @@ def test_foreach_copy_matches_stock_over_random_calls():
                 raise AssertionError(_fail(name, k, "result", f"{case}\n{e}")) from None
 
 
-def _run(fn, make, name, grads):
-    d, s, storages = make(name)
+def _run(fn, make, grads):
+    d, s, storages = make()
     from cases import _stock_undefined
 
     undefined = _stock_undefined(d, s, storages)
@@ -167,8 +170,9 @@ def test_functional_foreach_copy_matches_stock_over_random_calls():
 
     for k in range(CALLS):
         case = _random_case(rng, k)
-        want = run(case, torch.ops.aten._foreach_copy.default)
-        got = run(case, mode)
+        draws = Draws(case.seed)
+        want = run(case, torch.ops.aten._foreach_copy.default, draws)
+        got = run(case, mode, draws)
         try:
             assert_same(want, got)
         except AssertionError as e:
@@ -178,9 +182,7 @@ def test_functional_foreach_copy_matches_stock_over_random_calls():
 # ---- FSDP2's copies ------------------------------------------------------------------------------
 
 
-def _fill(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    from cases import _fill as fill
-
+def _fill(t: torch.Tensor, gen: torch.Generator | Draws) -> torch.Tensor:
     fill(t, gen)
     return t
 
@@ -191,14 +193,18 @@ def _tensor(shape, dtype, gen, layout="contiguous"):
     return _fill(torch.empty(shape, dtype=dtype), gen)
 
 
+def _bytes(t: torch.Tensor) -> bytes:
+    return bits(t).numpy().tobytes()
+
+
 def _observe(result, tensors):
     """Everything the call left: bytes and versions of the watched tensors, returned tensors."""
     error, ret = result
     seen = {"error": error, "bytes": [], "versions": [t._version if not t.is_inference() else None for t in tensors]}
     for t in tensors:
-        seen["bytes"].append(None if t.is_meta else bits(t).tolist())
+        seen["bytes"].append(None if t.is_meta else _bytes(t))
     if isinstance(ret, tuple):
-        seen["ret"] = [(bits(r).tolist(), r.stride(), r._base is tensors[-1] if r._base is not None else r is tensors[-1])
+        seen["ret"] = [(_bytes(r), r.stride(), r._base is tensors[-1] if r._base is not None else r is tensors[-1])
                        for r in ret]
     return seen
 
@@ -218,11 +224,17 @@ def _fsdp_op(name):
 
 
 def _compare(name, make, stock, entries, rng, k, watch):
-    seed = rng.randrange(1 << 30)
-    args, kwargs = make(torch.Generator().manual_seed(seed))
+    draws = Draws(rng.randrange(1 << 30))  # stock's build draws the inputs, the others' copy them
+
+    def build():
+        args, kwargs = make(draws.start())
+        draws.done()
+        return args, kwargs
+
+    args, kwargs = build()
     want = _observe(_call(stock, args, kwargs), watch(args, kwargs))
     for entry, fn in entries.items():
-        args, kwargs = make(torch.Generator().manual_seed(seed))
+        args, kwargs = build()
         got = _observe(_call(fn, args, kwargs), watch(args, kwargs))
         assert got == want, _fail(f"{name} ({entry})", k, "result", f"args {args} kwargs {kwargs}")
 
@@ -294,7 +306,7 @@ def _chunk_cat_case(rng, mixed: bool):
 
     def make(gen):
         ts = [_tensor((r,) + post, d, gen) for r, d in zip(rows, in_dts)]
-        width = sum(-(-r // nc) * max(1, int(torch.tensor(post).prod()) if post else 1) for r in rows)
+        width = sum(-(-r // nc) * max(1, math.prod(post)) for r in rows)
         out = _tensor((nc, width + (1 if bad > 0.96 else 0)), out_dt, gen)
         if bad < 0.03:
             out.requires_grad_()

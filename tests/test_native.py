@@ -574,7 +574,12 @@ def test_the_boundary_names_come_from_the_cpp_enums():
     assert set(m.stats.fallback_reasons) == {"not_dense"} <= set(names["kinds"])
     assert set(m.stats.as_dict()["ops"]) == {"aten._foreach_copy_"} <= set(names["counted_ops"])
     assert nd.explain(d, s).reasons[1][0] == "not_dense"
-    # The capability flags are the Capability fields of the same names, bit k for the k-th.
-    assert names["capability_flags"][0] == "present"
+    # The counted ops are the op table's rows (csrc/dispatch/owned_ops.h), in order.
+    from npu_dispatch import _op_table
+
+    assert names["counted_ops"] == tuple(row.counted for row in _op_table.rows())
+    # The capability C++ plans with carries the Python Capability's fields by name.
+    native = _native.module().Capability()
     fields = {f.name for f in dataclasses.fields(nd.capabilities.Capability)}
-    assert set(names["capability_flags"][1:]) <= fields
+    for field in ("whole_list_only", "host_pass", "batched_transfers", "batched_keeps_versions", "stage_bytes"):
+        assert field in fields and hasattr(native, field), field

@@ -507,3 +507,22 @@ def test_chunk_cat_on_npu_refuses_casts_stock_refuses():
                 torch.ops.fsdp.chunk_cat(tensors, 0, 1, out=out)
         results.append((type(info.value), str(info.value).split("\n")[0], bits(out), out._version))
     assert all(torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b for a, b in zip(*results))
+
+
+def test_explain_names_a_lazy_conjugate_source_as_a_pair_off_the_fast_path():
+    # Every pair off the fast path on a batching device: its own op takes the call whole. The
+    # reason is the source's lazy bit, not a destination's (which stock's dispatcher refuses).
+    dsts = [torch.zeros(4, device="npu")]
+    srcs = [torch.arange(4.0, device="npu")._neg_view()]
+    plan = nd.explain(dsts, srcs)
+    assert plan.stock_reason[0] == "conj_neg", plan.stock_reason
+    assert "pair 0 has a lazy conjugate or negative bit" in plan.stock_reason[1], plan.stock_reason
+    assert "dst[0]" not in plan.stock_reason[1], plan.stock_reason
+    ref = [torch.zeros(4, device="npu")]
+    torch._foreach_copy_(ref, srcs)
+    with nd.NpuFastCopyMode() as mode:
+        torch._foreach_copy_(dsts, srcs)
+    assert torch.equal(dsts[0].cpu().view(torch.int32), ref[0].cpu().view(torch.int32))
+    # The dispatcher's Negative key resolves the source's lazy bit before BackendSelect: the
+    # interception sees a plain source and serves it.
+    assert mode.stats.fast_path_calls == 1, mode.stats.report()

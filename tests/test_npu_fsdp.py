@@ -25,16 +25,48 @@ def emulated():
         pytest.skip(f"no emulated npu here: {why}")
 
 
-def _train(cann: str) -> dict:
-    proc = subprocess.run([sys.executable, EXAMPLE, "--device", "npu", "--emulate", "--cann", cann,
-                           "--steps", "3", "--json"], capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+CANNS = ["8.0.RC3", "9.1.0"]
 
 
-@pytest.mark.parametrize("cann", ["8.0.RC3", "9.1.0"])
-def test_fsdp2_on_the_emulated_npu_is_bitwise_equal_and_casts_in_fewer_launches(cann):
-    r = _train(cann)
+@pytest.fixture(scope="module")
+def trained(emulated, tmp_path_factory):
+    """``{cann: (returncode, stdout, stderr)}``: the example's run for each CANN version, all started
+    at once (each is a parent and two ranks, which leave cores idle at times), so the module takes
+    less than their sum."""
+    tmp = tmp_path_factory.mktemp("npu_fsdp")
+    runs = {}
+    try:
+        for cann in CANNS:
+            out, err = open(tmp / f"{cann}.out", "w+"), open(tmp / f"{cann}.err", "w+")
+            proc = subprocess.Popen([sys.executable, EXAMPLE, "--device", "npu", "--emulate", "--cann", cann,
+                                     "--steps", "3", "--json"], stdout=out, stderr=err, text=True)
+            runs[cann] = (proc, out, err)
+        for proc, _, _ in runs.values():
+            proc.wait(timeout=900)
+    finally:
+        for proc, _, _ in runs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    done = {}
+    for cann, (proc, out, err) in runs.items():
+        out.seek(0)
+        err.seek(0)
+        done[cann] = (proc.returncode, out.read(), err.read())
+        out.close()
+        err.close()
+    return done
+
+
+def _train(trained, cann: str) -> dict:
+    returncode, stdout, stderr = trained[cann]
+    assert returncode == 0, f"--cann {cann}: {stderr[-3000:]}"
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("cann", CANNS)
+def test_fsdp2_on_the_emulated_npu_is_bitwise_equal_and_casts_in_fewer_launches(trained, cann):
+    r = _train(trained, cann)
     assert r["device"] == "npu" and r["cann"] == cann
     assert r["bitwise_equal"] is True
     assert r["grads_equal_every_step"] is True and r["params_equal_every_step"] is True

@@ -16,6 +16,11 @@ def test_direct_foreach_copy_matches_stock(case):
     assert_same(run(case, torch._foreach_copy_), run(case, nd.foreach_copy_))
 
 
+_ZERO_DIM_ENTRIES = ["direct", "op", "mode", "verify"]
+
+# Every entry in turn, in one fresh process (per NPU_DISPATCH_NATIVE value): for each lead pair,
+# stock's call and then the entry's on identical fresh inputs. Prints "<entry> <lead> <stock's
+# word> <ours>" per lead, or "<entry> FAILED <why>" where the entry's result differs from stock's.
 _ZERO_DIM_SCRIPT = """
 import sys, torch, npu_dispatch as nd
 sys.path.insert(0, {tests!r})
@@ -26,22 +31,30 @@ leads = {{"strided_f32_u8": Pair((2,), f32, torch.uint8, "strided", "contiguous"
           "f32_bf16": Pair((3,), f32, bf16, "contiguous", "contiguous"),
           "f32_i32": Pair((3,), f32, torch.int32, "contiguous", "contiguous")}}
 
-def mode(d, s):
-    with nd.NpuFastCopyMode(verify={entry!r} == "verify"):
-        return torch._foreach_copy_(d, s)
+def in_mode(verify):
+    def mode(d, s):
+        with nd.NpuFastCopyMode(verify=verify):
+            return torch._foreach_copy_(d, s)
+    return mode
 
 def op(d, s):  # the registered op returns nothing; stock's call returns its destinations
     op_copy(d, s)
     return d
 
-for name, lead in leads.items():
-    case = Case((lead, zero_dim), False, False, (), 0)
-    stock = run(case, torch._foreach_copy_)
-    entry = {{"direct": nd.foreach_copy_, "op": op}}.get({entry!r}, mode)
-    ours = run(case, entry)
-    assert_same(stock, ours)  # everything, and either of stock's encodings at the 0-dim bf16
-    word = lambda r: hex(int.from_bytes(bytes(r["storages"][1].tolist()), "little"))
-    print(name, word(stock), word(ours))
+entries = {{"direct": nd.foreach_copy_, "op": op, "mode": in_mode(False), "verify": in_mode(True)}}
+word = lambda r: hex(int.from_bytes(bytes(r["storages"][1].tolist()), "little"))
+for entry in {entries!r}:
+    lines = []
+    try:
+        for name, lead in leads.items():
+            case = Case((lead, zero_dim), False, False, (), 0)
+            stock = run(case, torch._foreach_copy_)
+            ours = run(case, entries[entry])
+            assert_same(stock, ours)  # everything, and either of stock's encodings at the 0-dim bf16
+            lines.append(f"{{entry}} {{name}} {{word(stock)}} {{word(ours)}}")
+    except Exception as e:  # this entry's failure, named; the other entries still run
+        lines = [f"{{entry}} FAILED {{type(e).__name__}}: {{e!r}}"]
+    print("\\n".join(lines), flush=True)
 """
 
 _STOCK_AFTER = {"strided_f32_u8": "0xffff", "f32_bf16": "0xffff", "f32_i32": "0x7fc0"}
@@ -49,26 +62,43 @@ _STOCK_AFTER = {"strided_f32_u8": "0xffff", "f32_bf16": "0xffff", "f32_i32": "0x
 _DEFINED = {name: "0x7fc0" for name in _STOCK_AFTER}
 
 
-@pytest.mark.parametrize("native", ["1", "0"])
-@pytest.mark.parametrize("entry", ["direct", "op", "mode", "verify"])
-def test_a_zero_dim_nan_cast_writes_the_defined_nan_whatever_ran_before(native, entry):
-    # Stock's bits for a 0-dim fp32 -> bf16 NaN follow stale stack memory (cases.STOCK_EITHER): in
-    # a fresh process, after a given pair of the same call, 0xffff after a strided NaN fp32 ->
-    # uint8 pair or an fp32 -> bf16 one, 0x7fc0 after an fp32 -> int32 one. The native library
-    # writes c10::BFloat16's 0x7fc0 in every case; without it every entry is stock's op. Stock and
-    # ours run in one fresh process per entry.
+@pytest.fixture(scope="module")
+def zero_dim_runs():
+    """``runs(native)``: the script's run with NPU_DISPATCH_NATIVE=native, one process for all
+    entries, started once per value and shared by that value's tests."""
     import os
     import subprocess
     import sys
 
-    env = dict(os.environ, NPU_DISPATCH_NATIVE=native)
-    script = _ZERO_DIM_SCRIPT.format(tests=os.path.dirname(__file__), entry=entry)
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    done = {}
+
+    def runs(native):
+        if native not in done:
+            env = dict(os.environ, NPU_DISPATCH_NATIVE=native)
+            script = _ZERO_DIM_SCRIPT.format(tests=os.path.dirname(__file__), entries=_ZERO_DIM_ENTRIES)
+            done[native] = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+        return done[native]
+
+    return runs
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+@pytest.mark.parametrize("entry", _ZERO_DIM_ENTRIES)
+def test_a_zero_dim_nan_cast_writes_the_defined_nan_whatever_ran_before(zero_dim_runs, native, entry):
+    # Stock's bits for a 0-dim fp32 -> bf16 NaN follow stale stack memory (cases.STOCK_EITHER): in
+    # a fresh process, after a given pair of the same call, 0xffff after a strided NaN fp32 ->
+    # uint8 pair or an fp32 -> bf16 one, 0x7fc0 after an fp32 -> int32 one. The native library
+    # writes c10::BFloat16's 0x7fc0 in every case; without it every entry is stock's op. Stock and
+    # ours run in one fresh process per NPU_DISPATCH_NATIVE value, every entry in turn (stock's
+    # word is checked again before each entry's).
+    out = zero_dim_runs(native)
     assert out.returncode == 0, out.stderr[-2000:]
-    seen = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines()}
-    assert {k: v[0] for k, v in seen.items()} == _STOCK_AFTER
+    mine = [line.split()[1:] for line in out.stdout.splitlines() if line.split()[:1] == [entry]]
+    assert mine and mine[0][0] != "FAILED", f"entry {entry}, NPU_DISPATCH_NATIVE={native}: {mine or out.stdout}"
+    seen = {name: words for name, *words in mine}
+    assert {k: v[0] for k, v in seen.items()} == _STOCK_AFTER, f"stock's words before entry {entry}"
     ours = {k: v[1] for k, v in seen.items()}
-    assert ours == (_STOCK_AFTER if native == "0" else _DEFINED)
+    assert ours == (_STOCK_AFTER if native == "0" else _DEFINED), f"entry {entry}, NPU_DISPATCH_NATIVE={native}"
 
 
 def test_a_zero_dim_signalling_nan_after_long_mixed_calls_is_the_defined_nan():

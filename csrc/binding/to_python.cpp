@@ -1,211 +1,156 @@
 #include "binding/to_python.h"
 
-#include "dispatch/dispatcher_facts.h"
-#include "dispatch/native_stats.h"
-#include "planner/capability_table.h"
-#include "planner/execute.h"
+#include <string>
 
-namespace npu_dispatch::py {
+#include "planner/capability_table.h"
+
+namespace npu_dispatch::binding {
 namespace {
 
-// Py_BuildValue-style helpers that own what they are given, even on failure.
-// Once `d` is nullptr (an earlier step failed, a Python error set), later steps only release `v`.
-PyObject* steal_into_dict(PyObject* d, const char* key, PyObject* v) {
-  if (d == nullptr || v == nullptr || PyDict_SetItemString(d, key, v) != 0) {
-    Py_XDECREF(v);
-    Py_XDECREF(d);
-    return nullptr;
-  }
-  Py_DECREF(v);
-  return d;
+pyb::object kind_name(Kind k) {
+  if (k == Kind::None) return pyb::none();
+  return pyb::str(kKindNames[static_cast<int>(k)]);
 }
 
-PyObject* int_tuple(const int64_t* b, const int64_t* e) {
-  PyObject* t = PyTuple_New(e - b);
-  if (t == nullptr) return nullptr;
-  for (Py_ssize_t k = 0; b + k != e; ++k) {
-    PyObject* item = PyLong_FromLongLong(b[k]);
-    if (item == nullptr) {
-      Py_DECREF(t);
-      return nullptr;
+// Which side or variant of its reason a planner's `sub` names (planner/plan.cpp sets them).
+std::string detail(Kind k, int8_t sub) {
+  static constexpr const char* kSide[] = {"dst", "src"};
+  switch (k) {
+    case Kind::Subclass:
+    case Kind::NoStorage:
+    case Kind::Layout:
+    case Kind::NotDense:
+      return kSide[sub == 0 ? 0 : 1];
+    case Kind::MayRaise: {
+      static constexpr const char* kWhy[] = {"no_broadcast", "internal_overlap", "odd_dtype", "inference",
+                                             "empty_write"};
+      return sub >= 0 && sub < 5 ? kWhy[sub] : "";
     }
-    PyTuple_SET_ITEM(t, k, item);
+    case Kind::Aliasing:  // bit 0: the earlier tensor is a destination; bit 1: the later one
+      return std::string(kSide[(sub & 2) ? 0 : 1]) + "_over_" + kSide[(sub & 1) ? 0 : 1];
+    case Kind::Dtype:
+      return sub == 0 ? "complex_to_real" : "unsupported";
+    default:
+      return "";
   }
-  return t;
 }
 
-PyObject* int_list(const std::vector<int64_t>& v, int64_t b, int64_t e) {
-  PyObject* l = PyList_New(e - b);
-  if (l == nullptr) return nullptr;
-  for (int64_t k = b; k < e; ++k) {
-    PyObject* item = PyLong_FromLongLong(v[k]);
-    if (item == nullptr) {
-      Py_DECREF(l);
-      return nullptr;
-    }
-    PyList_SET_ITEM(l, k - b, item);
-  }
+pyb::list members(const std::vector<int64_t>& v, int64_t b, int64_t e) {
+  pyb::list l;
+  for (int64_t k = b; k < e; ++k) l.append(v[k]);
   return l;
 }
 
-PyObject* str_tuple(const char* const* names, int n) {
-  PyObject* t = PyTuple_New(n);
-  if (t == nullptr) return nullptr;
-  for (int k = 0; k < n; ++k) {
-    PyObject* s = PyUnicode_FromString(names[k]);
-    if (s == nullptr) {
-      Py_DECREF(t);
-      return nullptr;
-    }
-    PyTuple_SET_ITEM(t, k, s);
+pyb::tuple names_where(const bool* keep) {
+  pyb::list out;
+  for (int p = 0; p < kNumPaths; ++p) {
+    if (keep == nullptr || keep[p]) out.append(kPathNames[p]);
   }
-  return t;
-}
-
-PyObject* str_tuple_where(const char* const* names, const bool* keep, int n) {
-  std::vector<const char*> kept;
-  for (int k = 0; k < n; ++k) {
-    if (keep[k]) kept.push_back(names[k]);
-  }
-  return str_tuple(kept.data(), static_cast<int>(kept.size()));
-}
-
-// Sets d[key] = value (both new references, released here); false on failure.
-bool set(PyObject* d, PyObject* key, PyObject* value) {
-  const bool ok = key != nullptr && value != nullptr && PyDict_SetItem(d, key, value) == 0;
-  Py_XDECREF(key);
-  Py_XDECREF(value);
-  return ok;
+  return pyb::tuple(out);
 }
 
 }  // namespace
 
-PyObject* counts(const std::vector<int64_t>& v) {
-  PyObject* paths = PyDict_New();
-  PyObject* reasons = PyDict_New();
-  bool ok = paths != nullptr && reasons != nullptr;
-  for (int p = 0; ok && p < kNumPaths; ++p) {
-    const int64_t* slot = v.data() + path_slot(static_cast<Path>(p), 0);
-    if (slot[0] != 0) ok = set(paths, PyUnicode_FromString(kPathNames[p]), int_tuple(slot, slot + 3));
-  }
-  for (int k = 0; ok && k < kNumKinds; ++k) {
-    const int64_t pairs = v[reason_slot(static_cast<Kind>(k))];
-    if (pairs != 0) ok = set(reasons, PyUnicode_FromString(kKindNames[k]), PyLong_FromLongLong(pairs));
-  }
-  if (!ok) {
-    Py_XDECREF(paths);
-    Py_XDECREF(reasons);
-    return nullptr;
-  }
-  return Py_BuildValue("(ONN)", (v[0] & kBlocked) != 0 ? Py_True : Py_False, paths, reasons);
+void bind_types(pyb::module_& m) {
+  pyb::class_<CallResult>(m, "CallResult", "What one call did (csrc/planner/execute.h).")
+      .def_readonly("executed", &CallResult::executed)
+      .def_readonly("blocked", &CallResult::blocked)
+      .def_readonly("bumped", &CallResult::bumped)
+      .def_property_readonly("paths",
+                             [](const CallResult& r) {
+                               pyb::dict d;
+                               for (int p = 0; p < kNumPaths; ++p) {
+                                 const auto& c = r.paths[p];
+                                 if (c.tensors != 0) d[kPathNames[p]] = pyb::make_tuple(c.tensors, c.bytes, c.launches);
+                               }
+                               return d;
+                             })
+      .def_property_readonly("reasons", [](const CallResult& r) {
+        pyb::dict d;
+        for (int k = 0; k < kNumKinds; ++k) {
+          if (r.reasons[k] != 0) d[kKindNames[k]] = r.reasons[k];
+        }
+        return d;
+      });
+  pyb::class_<Capability>(m, "Capability", "One device type's fast path (csrc/planner/capability_table.h).")
+      .def(pyb::init<>())
+      .def_readwrite("whole_list_only", &Capability::whole_list)
+      .def_readwrite("host_pass", &Capability::host_pass)
+      .def_readwrite("batched_transfers", &Capability::batched_transfers)
+      .def_readwrite("batched_keeps_versions", &Capability::batched_keeps_versions)
+      .def_readwrite("max_per_launch", &Capability::max_per_launch)
+      .def_readwrite("stage_bytes", &Capability::stage_bytes)
+      .def("allow", [](Capability& c, c10::ScalarType src, c10::ScalarType dst) {
+        c.pairs.set(static_cast<int>(src) * kNumDtypes + static_cast<int>(dst));
+      });
 }
 
-PyObject* drained(const std::vector<int64_t>& v) {
-  if (v.empty()) Py_RETURN_NONE;
-  PyObject* out = PyDict_New();
-  if (out == nullptr) return nullptr;
-  const int len = op_stats_len();
+pyb::object totals(const std::optional<StatsTotals>& t) {
+  if (!t) return pyb::none();
+  pyb::dict out;
   for (int op = 0; op < kNumCountedOps; ++op) {
-    const int64_t* o = v.data() + static_cast<int64_t>(op) * len;
-    if (o[0] == 0) continue;
-    PyObject* paths = PyDict_New();
-    PyObject* fallbacks = PyDict_New();
-    bool ok = paths != nullptr && fallbacks != nullptr;
-    for (int p = 0; ok && p < kNumPaths; ++p) {
-      const int64_t* row = o + op_path_offset(p);
-      if (row[0] != 0) ok = set(paths, PyUnicode_FromString(kPathNames[p]), int_tuple(row, row + 4));
+    const OpTotals& o = (*t)[op];
+    if (o.calls == 0) continue;
+    pyb::dict paths, fallbacks;
+    for (int p = 0; p < kNumPaths; ++p) {
+      const auto& row = o.paths[p];
+      if (row.calls != 0) {
+        paths[kPathNames[p]] = pyb::make_tuple(row.calls, row.counts.tensors, row.counts.bytes, row.counts.launches);
+      }
     }
-    for (int k = 0; ok && k < kNumKinds; ++k) {
-      const int64_t* row = o + op_reason_offset(k);
-      if (row[0] != 0) ok = set(fallbacks, PyUnicode_FromString(kKindNames[k]), int_tuple(row, row + 2));
+    for (int k = 0; k < kNumKinds; ++k) {
+      if (o.reasons[k].pairs != 0) fallbacks[kKindNames[k]] = pyb::make_tuple(o.reasons[k].pairs, o.reasons[k].calls);
     }
-    PyObject* row = ok ? Py_BuildValue("(LLLLNN)", static_cast<long long>(o[0]), static_cast<long long>(o[1]),
-                                       static_cast<long long>(o[2]), static_cast<long long>(o[3]), paths, fallbacks)
-                       : nullptr;
-    if (!ok) {
-      Py_XDECREF(paths);
-      Py_XDECREF(fallbacks);
-    }
-    if (!set(out, PyUnicode_FromString(kCountedOpNames[op]), row)) {
-      Py_DECREF(out);
-      return nullptr;
-    }
+    out[pyb::str(kOwnedOps[op].counted())] =
+        pyb::dict(pyb::arg("calls") = o.calls, pyb::arg("fast_calls") = o.fast_calls,
+                  pyb::arg("fallback_calls") = o.fallback_calls, pyb::arg("seconds") = o.nanoseconds * 1e-9,
+                  pyb::arg("paths") = paths, pyb::arg("fallbacks") = fallbacks);
   }
   return out;
 }
 
-PyObject* plan(const Plan& p) {
-  PyObject* d = PyDict_New();
-  const auto kind = [](Kind k) -> PyObject* {
-    if (k == Kind::None) Py_RETURN_NONE;
-    return PyUnicode_FromString(kKindNames[static_cast<int>(k)]);
-  };
-  d = steal_into_dict(d, "n", PyLong_FromLongLong(p.n));
-  d = steal_into_dict(d, "stock", kind(p.stock));
-  d = steal_into_dict(d, "stock_a", PyLong_FromLongLong(p.stock_a));
-  d = steal_into_dict(d, "stock_b", PyLong_FromLongLong(p.stock_b));
-  d = steal_into_dict(d, "stock_sub", PyLong_FromLongLong(p.stock_sub));
-  PyObject* launches = nullptr;
-  if (p.stock_launches >= 0) {
-    launches = PyLong_FromLongLong(p.stock_launches);
-  } else {
-    Py_INCREF(Py_None);
-    launches = Py_None;
+pyb::dict plan(const Plan& p) {
+  pyb::dict d;
+  d["n"] = p.n;
+  d["stock"] = kind_name(p.stock);
+  d["stock_a"] = p.stock_a;
+  d["stock_b"] = p.stock_b;
+  d["stock_detail"] = detail(p.stock, p.stock_sub);
+  d["stock_launches"] = p.stock_launches >= 0 ? pyb::object(pyb::int_(p.stock_launches)) : pyb::none();
+  d["fallback_launches"] = p.fallback_launches;
+  pyb::list runs, groups, stages, fallback;
+  for (const Run& r : p.runs) runs.append(pyb::make_tuple(members(p.run_members, r.begin, r.end), r.numel));
+  for (const Group& g : p.groups) {
+    groups.append(pyb::make_tuple(members(p.group_members, g.begin, g.end), g.launches, g.transfer));
   }
-  d = steal_into_dict(d, "stock_launches", launches);
-  d = steal_into_dict(d, "fallback_launches", PyLong_FromLongLong(p.fallback_launches));
-  d = steal_into_dict(d, "runs", list_of(p.runs, [&](const Run& r) {
-                        return Py_BuildValue("(NL)", int_list(p.run_members, r.begin, r.end),
-                                             static_cast<long long>(r.numel));
-                      }));
-  d = steal_into_dict(d, "groups", list_of(p.groups, [&](const Group& g) {
-                        return Py_BuildValue("(NLO)", int_list(p.group_members, g.begin, g.end),
-                                             static_cast<long long>(g.launches), g.transfer ? Py_True : Py_False);
-                      }));
-  d = steal_into_dict(d, "stages", list_of(p.stages, [&](const Stage& s) {
-                        return Py_BuildValue("(NLOL)", int_list(p.stage_members, s.begin, s.end),
-                                             static_cast<long long>(s.numel), s.adjacent ? Py_True : Py_False,
-                                             static_cast<long long>(s.launches));
-                      }));
-  d = steal_into_dict(d, "fallback", list_of(p.fallback, [&](const Fallback& f) {
-                        return Py_BuildValue("(LNi)", static_cast<long long>(f.index), kind(f.kind),
-                                             static_cast<int>(f.sub));
-                      }));
-  d = steal_into_dict(d, "empty", int_list(p.empty, 0, static_cast<int64_t>(p.empty.size())));
+  for (const Stage& s : p.stages) {
+    stages.append(pyb::make_tuple(members(p.stage_members, s.begin, s.end), s.numel, s.adjacent, s.launches));
+  }
+  for (const Fallback& f : p.fallback) fallback.append(pyb::make_tuple(f.index, kind_name(f.kind), detail(f.kind, f.sub)));
+  d["runs"] = runs;
+  d["groups"] = groups;
+  d["stages"] = stages;
+  d["fallback"] = fallback;
+  d["empty"] = p.empty;
   return d;
 }
 
-PyObject* conversion_checks(const std::vector<ConversionCheck>& checks) {
-  PyObject* out = PyDict_New();
-  if (out == nullptr) return nullptr;
+pyb::dict conversion_checks(const std::vector<ConversionCheck>& checks) {
+  pyb::dict out;
   for (const auto& c : checks) {
-    PyObject* row = Py_BuildValue("{sOsssO}", "enabled", c.enabled ? Py_True : Py_False, "variant", c.variant,
-                                  "fbgemm_split", c.fbgemm_split ? Py_True : Py_False);
-    if (!set(out, PyUnicode_FromString(c.conversion), row)) {
-      Py_DECREF(out);
-      return nullptr;
-    }
+    out[c.conversion] = pyb::dict(pyb::arg("enabled") = c.enabled, pyb::arg("variant") = c.variant,
+                                  pyb::arg("fbgemm_split") = c.fbgemm_split);
   }
   return out;
 }
 
-PyObject* names() {
-  PyObject* d = PyDict_New();
-  d = steal_into_dict(d, "kinds", str_tuple(kKindNames, kNumKinds));
-  d = steal_into_dict(d, "paths", str_tuple(kPathNames, kNumPaths));
-  d = steal_into_dict(d, "fast_paths", str_tuple_where(kPathNames, kFastPath, kNumPaths));
-  d = steal_into_dict(d, "off_fast_paths", str_tuple_where(kPathNames, kOffFastPath, kNumPaths));
-  d = steal_into_dict(d, "counted_ops", str_tuple(kCountedOpNames, kNumCountedOps));
-  d = steal_into_dict(d, "capability_flags", str_tuple(kCapabilityFlagNames, kNumCapabilityFlags));
-  PyObject* fsdp = PyDict_New();
-  for (const auto& op : kFsdpOps) {
-    if (fsdp != nullptr && !set(fsdp, PyUnicode_FromString(op.name), PyUnicode_FromString(op.schema))) {
-      Py_DECREF(fsdp);
-      fsdp = nullptr;
-    }
-  }
-  d = steal_into_dict(d, "fsdp_schemas", fsdp);
-  return d;
+pyb::dict names() {
+  pyb::list kinds, ops;
+  for (int k = 0; k < kNumKinds; ++k) kinds.append(kKindNames[k]);
+  for (int k = 0; k < kNumCountedOps; ++k) ops.append(kOwnedOps[k].counted());
+  return pyb::dict(pyb::arg("kinds") = pyb::tuple(kinds), pyb::arg("paths") = names_where(nullptr),
+                   pyb::arg("fast_paths") = names_where(kFastPath), pyb::arg("off_fast_paths") = names_where(kOffFastPath),
+                   pyb::arg("counted_ops") = pyb::tuple(ops));
 }
 
-}  // namespace npu_dispatch::py
+}  // namespace npu_dispatch::binding

@@ -1,60 +1,41 @@
-// The typed boundary between the C++ core and npu_dispatch's Python side: every plan, count
-// vector, drained counter block and check result crosses as named Python objects built here, and
-// the names themselves (reason kinds, paths, counted ops, capability flags) are exported from the
-// C++ enums they belong to (planner/plan.h, planner/execute.h, dispatch/native_stats.h,
-// planner/capability_table.h). Python keeps no list of numbers in step with C++.
-//
-// Every function returns a new reference, or nullptr with a Python error set.
+// The typed boundary: what C++ hands Python, as named fields. Every name comes from a C++ table
+// (Kind, Path, CountedOp); Python never reads a number that stands for an enum value.
 #pragma once
 
-#include <Python.h>
+#include <torch/extension.h>
 
-#include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "cpu/copy_kernel.h"
+#include "dispatch/native_stats.h"
+#include "planner/execute.h"
 #include "planner/plan.h"
 
-namespace npu_dispatch::py {
+namespace npu_dispatch::binding {
 
-// A list of make(item) for each item; nullptr (Python error set) where make returns nullptr.
-template <typename T, typename F>
-PyObject* list_of(const std::vector<T>& items, F make) {
-  PyObject* l = PyList_New(static_cast<Py_ssize_t>(items.size()));
-  if (l == nullptr) return nullptr;
-  for (size_t k = 0; k < items.size(); ++k) {
-    PyObject* item = make(items[k]);
-    if (item == nullptr) {
-      Py_DECREF(l);
-      return nullptr;
-    }
-    PyList_SET_ITEM(l, static_cast<Py_ssize_t>(k), item);
-  }
-  return l;
-}
+namespace pyb = pybind11;
 
-// A count vector of planner/execute.h as (blocked: bool (strict refused the call; nothing
-// written), paths: {path: (tensors, bytes, launches)}, reasons: {kind: pairs}), each dict holding
-// only what the call used.
-PyObject* counts(const std::vector<int64_t>& v);
+// Registers CallResult (executed, blocked, bumped, paths {path: (tensors, bytes, launches)} of
+// the paths used, reasons {kind: pairs}) and Capability on `m`.
+void bind_types(pyb::module_& m);
 
-// Drained counters (dispatch/native_stats.h OpStats::drain) as {op: (calls, fast_calls,
-// fallback_calls, nanoseconds, {path: (calls, pairs, bytes, launches)}, {kind: (pairs, calls)})}
-// for the ops with calls; an empty vector (an unknown scope) gives None.
-PyObject* drained(const std::vector<int64_t>& v);
+// Drained counters as {op: {"calls", "fast_calls", "fallback_calls", "seconds",
+// "paths": {path: (calls, pairs, bytes, launches)}, "fallbacks": {kind: (pairs, calls)}}} for
+// the ops with calls; None for an unknown scope.
+pyb::object totals(const std::optional<StatsTotals>& t);
 
-// A Plan (planner/plan.h) as a dict: n, stock (kind name or None), stock_a, stock_b, stock_sub,
-// stock_launches (None: no device op takes the call whole), fallback_launches, runs [(members,
-// numel)], groups [(members, launches, transfer)], stages [(members, numel, adjacent, launches)],
-// fallback [(index, kind, sub)], empty [index].
-PyObject* plan(const Plan& p);
+// A Plan as a dict: n, stock (kind name or None), stock_a, stock_b, stock_detail, stock_launches
+// (None: no device op takes the call whole), fallback_launches, runs [(members, numel)], groups
+// [(members, launches, transfer)], stages [(members, numel, adjacent, launches)], fallback
+// [(index, kind, detail)], empty [index]. A detail names the side or variant of a reason
+// ("dst", "src", "no_broadcast", "src_over_dst"...; detail()).
+pyb::dict plan(const Plan& p);
 
 // self_check()'s findings as {conversion: {"enabled", "variant", "fbgemm_split"}}.
-PyObject* conversion_checks(const std::vector<ConversionCheck>& checks);
+pyb::dict conversion_checks(const std::vector<ConversionCheck>& checks);
 
-// The names the boundary uses: {"kinds", "paths", "fast_paths", "off_fast_paths", "counted_ops",
-// "capability_flags" (bit k is the k-th name's), "fsdp_schemas"
-// ({op name: schema} of the fsdp:: ops served, dispatch/dispatcher_facts.h)}.
-PyObject* names();
+// {"kinds", "paths", "fast_paths", "off_fast_paths", "counted_ops"}: the names above, in order.
+pyb::dict names();
 
-}  // namespace npu_dispatch::py
+}  // namespace npu_dispatch::binding

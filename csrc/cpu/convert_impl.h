@@ -60,10 +60,10 @@ C10_ALWAYS_INLINE __m512 widen16(__m256i v) {
 
 // to_float for a run of at least one vector, its stores on dst's 64-byte lines: the first
 // vector at dst, then whole lines from the first line boundary, then the last vector once more
-// (elements already written get the same bits). A store across two lines costs about two, and
+// (elements already written get the same bits). A store across two lines pays for both, and
 // most of a short run's stores cross one where dst is not on a line (chunk_cat's runs, views of a
-// flat buffer): docs/notes/profile.md, "Stores on cache lines". Masked loads were measured slower
-// there; the shorter runs stay on to_float's general loop.
+// flat buffer). Masked loads and stores gain nothing there; the shorter runs stay on to_float's
+// general loop.
 template <typename R>
 C10_ALWAYS_INLINE bool to_float_lines(const uint16_t* src, float* dst, int64_t n) {
   constexpr int64_t kOnePass = 16;  // floats in a vector and in a line

@@ -85,8 +85,7 @@ class CpuCopyBatch {
   // The direction of this thread's next pass: each call flips it. A list copied again and again
   // whose bytes are about the size of a core's L2 (the small_many workload) then starts each
   // pass on the lines the last pass touched last, which are still cached; in one direction every
-  // pass can evict its own next lines first and run at L3 speed (docs/notes/profile.md, "The
-  // second cause").
+  // pass can evict its own next lines first and run at L3 speed.
   static bool alternate();
   // One pass of `items` work items, `bytes` destination bytes, `streamed` of them in the copies
   // made with streaming stores (kernel_counters; fsdp/chunk_cat_kernel.h counts its pass here too).

@@ -93,9 +93,8 @@ bool stream_supported() {
 }  // namespace
 
 // The most a pass may move before it streams, whatever sysfs says: a virtual machine on a large
-// package sees the package's whole last-level cache and holds a slice of it (the crossover
-// measured on the CI host, for byte copies and conversions: docs/notes/profile.md, "chunk_cat's
-// pass").
+// package sees the package's whole last-level cache but holds only a slice of it, and passes
+// beyond that slice gain from streaming (byte copies and conversions alike).
 constexpr int64_t kMaxStreamMovedBytes = int64_t{96} << 20;
 
 int64_t stream_moved_bytes() {

@@ -15,8 +15,7 @@ namespace npu_dispatch {
 // virtual machine's slice of a larger package cache: cpu/stream_copy.cpp); INT64_MAX
 // (never) on a CPU without AVX2 streaming stores. The first call reads sysfs: the library's
 // load makes it (self_check), not a copy. Below the cache's size normal stores win (the data
-// stays cached), beyond it streaming does (docs/notes/profile.md, "Short rounds, and streaming
-// stores beyond the cache").
+// stays cached), beyond it streaming does (a normal store first reads the line it writes).
 int64_t stream_moved_bytes();
 
 // Copies `n` bytes (any alignment, no overlap) with AVX2 streaming stores (memcpy on a CPU

@@ -16,11 +16,6 @@
 namespace npu_dispatch {
 namespace {
 
-// The schemas the aten kernels of dispatch/intercept.cpp are typed on (torch 2.13 to 2.15).
-const char* const kAtenSchemas[][2] = {
-    {"aten::_foreach_copy_", "aten::_foreach_copy_(Tensor(a!)[] self, Tensor[] src, bool non_blocking=False) -> ()"},
-    {"aten::_foreach_copy", "aten::_foreach_copy(Tensor[] self, Tensor[] src, bool non_blocking=False) -> Tensor[] self_out"},
-};
 
 std::optional<c10::OperatorHandle> find(const std::string& name) {
   return c10::Dispatcher::singleton().findOp(c10::OperatorName(name, ""));
@@ -28,24 +23,26 @@ std::optional<c10::OperatorHandle> find(const std::string& name) {
 
 }  // namespace
 
-std::vector<Fact> static_facts(const std::vector<std::string>& fsdp_ops) {
+std::vector<Fact> static_facts(const std::vector<std::string>& served) {
   std::vector<Fact> facts;
   std::vector<std::string> owned;
-  for (const auto& s : kAtenSchemas) {
-    const auto op = find(s[0]);
+  for (const auto& row : kOwnedOps) {
+    if (!row.intercepted || row.ns() != "aten") continue;
+    const std::string name(row.name());
+    const auto op = find(name);
     std::ostringstream found;
     if (op) found << op->schema();
-    const bool same = op.has_value() && found.str() == s[1];
-    facts.push_back({std::string("schema of ") + s[0], same,
-                     same ? s[1] : (op ? "found " + found.str() + ", kernels typed on " + s[1] : "no such op")});
-    if (op) owned.emplace_back(s[0]);
+    const bool same = op.has_value() && found.str() == row.schema;
+    facts.push_back({"schema of " + name, same,
+                     same ? row.schema : (op ? "found " + found.str() + ", kernels typed on " + row.schema : "no such op")});
+    if (op) owned.push_back(name);
   }
   const auto fc = find("aten::_foreach_copy_");
   const bool inplace_kernel = fc && fc->hasKernelForDispatchKey(c10::DispatchKey::ADInplaceOrView);
   facts.push_back({"no ADInplaceOrView kernel on aten::_foreach_copy_", fc.has_value() && !inplace_kernel,
                    inplace_kernel ? "found one: its version bumps and the planner's would double"
                                   : "the planner moves the version counters, once per destination"});
-  for (const auto& name : fsdp_ops) owned.push_back("fsdp::" + name);
+  owned.insert(owned.end(), served.begin(), served.end());
   for (const auto& name : owned) {
     const auto op = find(name);
     const bool implicit = op && op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
@@ -82,7 +79,7 @@ Fact live_fact() {
   }
   const auto counts = scope_drain(id);
   scope_free(id);
-  const int64_t calls = counts.empty() ? 0 : counts[kOpAtenForeachCopy * op_stats_len()];
+  const int64_t calls = counts ? (*counts)[kOpAtenForeachCopy].calls : 0;
   const int64_t bumps = d._version() - before;
   const bool copied = at::equal(d, s);
   f.holds = calls == 1 && bumps == 1 && copied;

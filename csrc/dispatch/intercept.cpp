@@ -6,6 +6,7 @@
 #include <ATen/MemoryOverlap.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <set>
@@ -28,6 +29,12 @@ const c10::DispatchKeySet kAfterBackendSelect(c10::DispatchKeySet::FULL_AFTER, c
 // The one question every interception kernel asks: the scope to serve this call in, or nullptr
 // when the call goes on below unchanged (no mode entered, the planner's own stock call, or
 // tensors of a FakeTensor's execution, which are meta).
+// The owned op's handle, typed on its row's schema.
+template <typename Fn>
+c10::TypedOperatorHandle<Fn> handle(CountedOp op) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(std::string(kOwnedOps[op].name()).c_str(), "").typed<Fn>();
+}
+
 ModeScope* serving(const at::Tensor* first) {
   ModeScope* s = active_scope();
   if (s == nullptr || inside_planner() || (first != nullptr && first->is_meta())) return nullptr;
@@ -37,9 +44,7 @@ ModeScope* serving(const at::Tensor* first) {
 void foreach_copy_(c10::DispatchKeySet ks, at::TensorList self, at::TensorList src, bool non_blocking) {
   ModeScope* s = serving(self.empty() ? nullptr : &self[0]);
   if (s == nullptr) {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("aten::_foreach_copy_", "")
-                               .typed<void(at::TensorList, at::TensorList, bool)>();
+    static const auto op = handle<void(at::TensorList, at::TensorList, bool)>(kOpAtenForeachCopy);
     op.redispatch(ks & kAfterBackendSelect, self, src, non_blocking);
     return;
   }
@@ -61,9 +66,7 @@ std::vector<at::Tensor> foreach_copy(c10::DispatchKeySet ks, at::TensorList self
                                      bool non_blocking) {
   ModeScope* s = serving(self.empty() ? nullptr : &self[0]);
   if (s == nullptr) {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("aten::_foreach_copy", "")
-                               .typed<std::vector<at::Tensor>(at::TensorList, at::TensorList, bool)>();
+    static const auto op = handle<std::vector<at::Tensor>(at::TensorList, at::TensorList, bool)>(kOpAtenForeachCopyFunctional);
     return op.redispatch(ks & kAfterBackendSelect, self, src, non_blocking);
   }
   const int64_t t0 = now_ns();
@@ -87,13 +90,11 @@ std::tuple<at::Tensor, at::Tensor> fsdp_all_gather_copy_in(c10::DispatchKeySet k
   const auto concrete_numel = numel.maybe_as_int();
   const auto concrete_rank = rank.maybe_as_int();
   if (s == nullptr || !concrete_sizes || !concrete_numel || !concrete_rank) {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("fsdp::all_gather_copy_in", "")
-                               .typed<CopyInFn>();
+    static const auto op = handle<CopyInFn>(kOpFsdpAllGatherCopyIn);
     return op.redispatch(ks & kAfterBackendSelect, inputs, out, sizes, std::move(numel), std::move(rank));
   }
   const int64_t t0 = now_ns();
-  std::vector<int64_t> counts;
+  CallResult counts;
   auto result = all_gather_copy_in(inputs, out, *concrete_sizes, *concrete_numel, *concrete_rank, &counts);
   s->stats->record(kOpFsdpAllGatherCopyIn, counts, now_ns() - t0);
   return result;
@@ -102,19 +103,19 @@ std::tuple<at::Tensor, at::Tensor> fsdp_all_gather_copy_in(c10::DispatchKeySet k
 using SplitCopyFn = void(const at::Tensor&, c10::SymIntArrayRef, int64_t, at::TensorList);
 
 // FSDP2's all-gather copy-out (fsdp/copies.h); refused calls go on to FSDP's kernel unchanged.
-void fsdp_split_with_sizes_copy(c10::DispatchKeySet ks, const at::Tensor& src, c10::SymIntArrayRef sizes, int64_t dim,
+void fsdp_copy_out(c10::DispatchKeySet ks, const at::Tensor& src, c10::SymIntArrayRef sizes, int64_t dim,
                                 at::TensorList out) {
   ModeScope* s = serving(&src);
   const auto concrete = c10::asIntArrayRefSlowOpt(sizes);
   static const auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("fsdp::split_with_sizes_copy", "").typed<SplitCopyFn>();
+      handle<SplitCopyFn>(kOpFsdpSplitWithSizesCopy);
   if (s == nullptr || !concrete) {
     op.redispatch(ks & kAfterBackendSelect, src, sizes, dim, out);
     return;
   }
   const int64_t t0 = now_ns();
   Kind why = Kind::MayRaise;
-  auto counts = split_with_sizes_copy(src, *concrete, dim, out, false, bumps_here(), &why);
+  auto counts = copy_out(src, *concrete, dim, out, false, bumps_here(), &why);
   if (!counts) {
     op.redispatch(ks & kAfterBackendSelect, src, sizes, dim, out);
     counts = stock_counts(why, std::max<int64_t>(static_cast<int64_t>(out.size()), 1), total_bytes(out));
@@ -147,7 +148,7 @@ using ChunkCatFn = void(at::TensorList, int64_t, int64_t, const at::Tensor&);
 // FSDP2's reduce-scatter copy-in (fsdp/copies.h).
 void fsdp_chunk_cat(c10::DispatchKeySet ks, at::TensorList tensors, int64_t dim, int64_t num_chunks,
                     const at::Tensor& out) {
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("fsdp::chunk_cat", "").typed<ChunkCatFn>();
+  static const auto op = handle<ChunkCatFn>(kOpFsdpChunkCat);
   serve_chunk_cat(op, kOpFsdpChunkCat, ks, tensors, dim, num_chunks, out, [&](Kind* why) {
     return chunk_cat(tensors, dim, num_chunks, out, false, bumps_here(), /*split_checks=*/false, why);
   });
@@ -157,23 +158,13 @@ void fsdp_chunk_cat(c10::DispatchKeySet ks, at::TensorList tensors, int64_t dim,
 using ChunkCatMixedFn = void(at::TensorList, int64_t, int64_t, at::Tensor&);
 
 // torch 2.15's FSDP2 reduce-scatter copy-in (fsdp/copies.h).
-void fsdp_chunk_cat_mixed_dtype(c10::DispatchKeySet ks, at::TensorList tensors, int64_t dim, int64_t num_chunks,
+void fsdp_chunk_cat_mixed(c10::DispatchKeySet ks, at::TensorList tensors, int64_t dim, int64_t num_chunks,
                                 at::Tensor& out) {
   static const auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("fsdp::chunk_cat_mixed_dtype", "").typed<ChunkCatMixedFn>();
+      handle<ChunkCatMixedFn>(kOpFsdpChunkCatMixedDtype);
   serve_chunk_cat(op, kOpFsdpChunkCatMixedDtype, ks, tensors, dim, num_chunks, out, [&](Kind* why) {
-    return chunk_cat_mixed_dtype(tensors, dim, num_chunks, out, false, bumps_here(), why);
+    return chunk_cat_mixed(tensors, dim, num_chunks, out, false, bumps_here(), why);
   });
-}
-
-// Which counted op a passthrough op's calls go under.
-CountedOp counted_as(const c10::OperatorName& name) {
-  if (name.name == "aten::_foreach_copy_") return kOpAtenForeachCopy;
-  if (name.name == "aten::_foreach_copy") return kOpAtenForeachCopyFunctional;
-  if (name.name == "fsdp::split_with_sizes_copy") return kOpFsdpSplitWithSizesCopy;
-  if (name.name == "fsdp::chunk_cat") return kOpFsdpChunkCat;
-  if (name.name == "fsdp::chunk_cat_mixed_dtype") return kOpFsdpChunkCatMixedDtype;
-  return kOpFsdpAllGatherCopyIn;
 }
 
 void passthrough(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
@@ -182,7 +173,7 @@ void passthrough(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::j
     const size_t nargs = op.schema().arguments().size();
     const auto& first = (*stack)[stack->size() - nargs];
     const int64_t pairs = first.isTensorList() ? static_cast<int64_t>(first.toTensorList().size()) : 1;
-    s->stats->record(counted_as(op.operator_name()), stock_counts(Kind::Schema, pairs, 0, kExecuted), 0);
+    s->stats->record(*owned_op(op.operator_name().name), stock_counts(Kind::Schema, pairs, 0, /*bumped=*/false), 0);
   }
   op.redispatchBoxed(ks & kAfterBackendSelect, stack);
 }
@@ -202,19 +193,36 @@ void in_reach_marker(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torc
 }
 
 // Never destroyed: the registrations last the process.
-torch::Library* library(const char* ns) {
+torch::Library* library(const std::string& ns) {
   return new torch::Library(torch::Library::IMPL, ns, c10::DispatchKey::BackendSelect, __FILE__, __LINE__);
 }
 
 }  // namespace
 
-void install_aten_interception() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    auto* lib = library("aten");
-    lib->impl("_foreach_copy_", TORCH_FN(foreach_copy_));
-    lib->impl("_foreach_copy", TORCH_FN(foreach_copy));
-  });
+void install_interception(const std::vector<std::string>& served) {
+  static std::mutex m;
+  static std::set<int> done;
+  std::lock_guard<std::mutex> g(m);
+  for (int k = 0; k < kNumCountedOps; ++k) {
+    const OwnedOp& row = kOwnedOps[k];
+    const bool wanted = row.intercepted && (row.ns() == "aten" ||
+                                            std::find(served.begin(), served.end(), row.name()) != served.end());
+    if (!wanted || !done.insert(k).second) continue;
+    auto* lib = library(std::string(row.ns()));
+    const std::string name(row.short_name());
+    switch (static_cast<CountedOp>(k)) {
+#define NPU_DISPATCH_STOCK_OP(id, kernel, wrapper, copy, schema) \
+  case kOp##id:                                            \
+    lib->impl(name.c_str(), TORCH_FN(kernel));             \
+    break;
+#define NPU_DISPATCH_LIBRARY_OP(id, kernel, wrapper, copy, schema)
+#include "dispatch/owned_ops.h"
+#undef NPU_DISPATCH_STOCK_OP
+#undef NPU_DISPATCH_LIBRARY_OP
+      default:
+        break;
+    }
+  }
 }
 
 bool install_in_reach_marker(const std::string& op_name) {
@@ -237,24 +245,6 @@ bool install_in_reach_marker(const std::string& op_name) {
 
 int64_t in_reach_modes() { return t_in_reach_modes; }
 
-void install_fsdp_interception(const std::string& name) {
-  static std::mutex m;
-  static std::set<std::string> done;
-  std::lock_guard<std::mutex> g(m);
-  if (!done.insert(name).second) return;
-  if (name == "all_gather_copy_in") {
-    library("fsdp")->impl("all_gather_copy_in", TORCH_FN(fsdp_all_gather_copy_in));
-  } else if (name == "split_with_sizes_copy") {
-    library("fsdp")->impl("split_with_sizes_copy", TORCH_FN(fsdp_split_with_sizes_copy));
-  } else if (name == "chunk_cat") {
-    library("fsdp")->impl("chunk_cat", TORCH_FN(fsdp_chunk_cat));
-  } else if (name == "chunk_cat_mixed_dtype") {
-    library("fsdp")->impl("chunk_cat_mixed_dtype", TORCH_FN(fsdp_chunk_cat_mixed_dtype));
-  } else {
-    TORCH_CHECK(false, "npu_dispatch: no interception kernel for fsdp::", name);
-  }
-}
-
 void install_passthrough(const std::string& op_name, const std::string& overload) {
   static std::mutex m;
   static std::set<std::string> done;
@@ -262,7 +252,7 @@ void install_passthrough(const std::string& op_name, const std::string& overload
   const std::string key = op_name + "." + overload;
   if (!done.insert(key).second) return;
   const auto pos = op_name.find("::");
-  TORCH_CHECK(pos != std::string::npos, "npu_dispatch: op name without a namespace: ", op_name);
+  TORCH_CHECK(owned_op(op_name).has_value(), "npu_dispatch: not an owned op (dispatch/owned_ops.h): ", op_name);
   auto* lib = new torch::Library(torch::Library::IMPL, op_name.substr(0, pos), c10::DispatchKey::BackendSelect,
                                  __FILE__, __LINE__);
   const std::string name = overload.empty() ? op_name.substr(pos + 2) : op_name.substr(pos + 2) + "." + overload;

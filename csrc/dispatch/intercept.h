@@ -1,5 +1,5 @@
 // NpuFastCopyMode's interception: C++ kernels at the BackendSelect dispatch key for the stock ops
-// the mode owns (aten::_foreach_copy_, aten::_foreach_copy, fsdp::all_gather_copy_in). A call
+// the mode owns (the intercepted rows of dispatch/owned_ops.h). A call
 // reaches BackendSelect after everything above it has acted (autograd and version counters,
 // functionalization, the Python key: tensor subclasses, fake and proxy modes), so these kernels
 // see plain tensors only. Inside an entered mode (dispatch/mode_scope.h) and outside the planner's own
@@ -9,15 +9,15 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace npu_dispatch {
 
-// Registers the aten kernels (once per process; the registration lasts the process, and a
-// kernel with no mode entered only redispatches).
-void install_aten_interception();
-// Registers the kernel of fsdp::<name> (all_gather_copy_in, split_with_sizes_copy, chunk_cat): call
-// only once the op exists with the schema this library serves (npu_dispatch/mode.py checks it).
-void install_fsdp_interception(const std::string& name);
+// Registers the interception kernel of each intercepted row of dispatch/owned_ops.h in the aten
+// namespace, and of the rows named in `served` ("fsdp::chunk_cat": ops that exist with the row's
+// schema, which npu_dispatch/mode.py checks). Once per op; the registration lasts the process,
+// and a kernel with no mode entered only redispatches.
+void install_interception(const std::vector<std::string>& served);
 // For an owned op whose installed schema is not the one this library serves: a boxed kernel
 // that counts each call inside a mode (reason "schema") and redispatches it unchanged.
 void install_passthrough(const std::string& op_name, const std::string& overload);

@@ -96,12 +96,13 @@ void scope_exit(int64_t id) {
   t_entries.pop_back();
 }
 
-std::vector<int64_t> scope_drain(int64_t id) {
+std::optional<StatsTotals> scope_drain(int64_t id) {
   auto s = find(id);
-  return s == nullptr ? std::vector<int64_t>() : s->stats->drain();
+  if (s == nullptr) return std::nullopt;
+  return s->stats->drain();
 }
 
-void record_call(CountedOp op, const std::vector<int64_t>& counts, int64_t nanoseconds) {
+void record_call(CountedOp op, const CallResult& counts, int64_t nanoseconds) {
   if (ModeScope* s = active_scope()) {
     s->stats->record(op, counts, nanoseconds);
   } else {

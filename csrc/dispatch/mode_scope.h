@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "dispatch/native_stats.h"
@@ -31,11 +32,11 @@ void scope_free(int64_t id);
 // off at a later exit. Entries of other kinds are never touched, so the profiler keeps its state.
 void scope_enter(int64_t id);
 void scope_exit(int64_t id);
-// The scope's counters since the last drain (dispatch/native_stats.h layout); empty for an unknown id.
-std::vector<int64_t> scope_drain(int64_t id);
+// The scope's counters since the last drain; nullopt for an unknown id.
+std::optional<StatsTotals> scope_drain(int64_t id);
 
 // Counts one executed call: in the active scope's counters, else the direct ops' counters.
-void record_call(CountedOp op, const std::vector<int64_t>& counts, int64_t nanoseconds);
+void record_call(CountedOp op, const CallResult& counts, int64_t nanoseconds);
 
 inline int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(

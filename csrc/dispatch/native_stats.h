@@ -4,60 +4,46 @@
 // (npu_dispatch.stats).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <mutex>
-#include <vector>
+
+#include "dispatch/op_table.h"
+#include "planner/execute.h"
 
 namespace npu_dispatch {
 
-// The ops C++ counts: the npu_dispatch ops, then the stock ops an entered NpuFastCopyMode
-// intercepts. Python sees them by name (kCountedOpNames, binding/to_python.cpp).
-enum CountedOp : int {
-  kOpForeachCopy = 0,
-  kOpAllGatherCopyIn,
-  kOpAtenForeachCopy,
-  kOpAtenForeachCopyFunctional,
-  kOpFsdpAllGatherCopyIn,
-  kOpSplitWithSizesCopy,
-  kOpChunkCat,
-  kOpFsdpSplitWithSizesCopy,
-  kOpFsdpChunkCat,
-  kOpFsdpChunkCatMixedDtype,
-  kNumCountedOps
+// One counted op's totals since the last drain.
+struct OpTotals {
+  int64_t calls = 0, fast_calls = 0, fallback_calls = 0, nanoseconds = 0;
+  struct PathTotals {
+    int64_t calls = 0;  // calls that used the path
+    PathCounts counts;
+  };
+  std::array<PathTotals, kNumPaths> paths{};
+  struct ReasonTotals {
+    int64_t pairs = 0, calls = 0;
+  };
+  std::array<ReasonTotals, kNumKinds> reasons{};
+  void add(const CallResult& r, int64_t ns);
 };
-inline constexpr const char* kCountedOpNames[] = {
-    "npu_dispatch.foreach_copy_", "npu_dispatch.all_gather_copy_in", "aten._foreach_copy_", "aten._foreach_copy",
-    "fsdp.all_gather_copy_in", "npu_dispatch.split_with_sizes_copy", "npu_dispatch.chunk_cat",
-    "fsdp.split_with_sizes_copy", "fsdp.chunk_cat", "fsdp.chunk_cat_mixed_dtype",
-};
-static_assert(sizeof(kCountedOpNames) / sizeof(kCountedOpNames[0]) == kNumCountedOps, "a name per op");
-
-// One counted op's block in a drained vector (OpStats::drain), the one place its layout is known:
-// (calls, fast_calls, fallback_calls, nanoseconds) at 0; at op_path_offset(p), path p's (calls,
-// pairs, bytes, launches); at op_reason_offset(k), reason kind k's (pairs, calls).
-int op_stats_len();
-int op_path_offset(int path);
-int op_reason_offset(int kind);
+using StatsTotals = std::array<OpTotals, kNumCountedOps>;
 
 // One set of counters, safe to share between threads.
 class OpStats {
  public:
-  OpStats();
-  // `counts`: the count vector of planner/execute.h for one executed call.
-  void record(CountedOp op, const std::vector<int64_t>& counts, int64_t nanoseconds);
-  // Per counted op, in order: (calls, fast_calls, fallback_calls, nanoseconds), then per path
-  // (calls, pairs, bytes, launches), then per fallback reason (pairs, calls); then zeroed.
-  // binding/to_python.cpp hands it to Python by name.
-  std::vector<int64_t> drain();
+  void record(CountedOp op, const CallResult& r, int64_t nanoseconds);
+  // The totals since the last drain, per counted op; then zeroed.
+  StatsTotals drain();
 
  private:
   std::mutex mutex_;
-  std::vector<int64_t> acc_;
+  StatsTotals acc_{};
 };
 
 // The counters of the direct ops called outside any mode (npu_dispatch.stats.global_stats).
 // Calls made inside an entered mode count there instead: dispatch/mode_scope.h record_call.
-void record_direct(CountedOp op, const std::vector<int64_t>& counts, int64_t nanoseconds);
-std::vector<int64_t> drain_direct();
+void record_direct(CountedOp op, const CallResult& r, int64_t nanoseconds);
+StatsTotals drain_direct();
 
 }  // namespace npu_dispatch

@@ -1,10 +1,11 @@
-// C++ kernels at CPU, CUDA and PrivateUse1 for two of the library's four ops, foreach_copy_ and
-// all_gather_copy_in, whose schemas npu_dispatch/ops.py defines. Their Python kernels serve every
-// other dispatch key and machines without the native library; split_with_sizes_copy and chunk_cat
-// keep their Python kernels everywhere, which call the C++ entries directly
-// (binding/python_entry.cpp).
+// The C++ backend kernels (CPU, CUDA, PrivateUse1) of the library's own ops, for the rows of
+// dispatch/owned_ops.h that name one; npu_dispatch/ops.py defines the schemas and keeps Python
+// kernels for every other dispatch key (and for the rows marked python_kernel, on every key).
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
+
+#include <cstddef>
+#include <string>
 
 #include "planner/copy_call.h"
 #include "dispatch/mode_scope.h"
@@ -23,22 +24,33 @@ std::tuple<at::Tensor, at::Tensor> all_gather_copy_in_kernel(
     at::TensorList all_gather_inputs, const at::Tensor& all_gather_output,
     c10::IntArrayRef inp_split_sizes, int64_t all_gather_input_numel, int64_t rank) {
   const int64_t t0 = now_ns();
-  std::vector<int64_t> counts;
+  CallResult counts;
   auto result = all_gather_copy_in(all_gather_inputs, all_gather_output, inp_split_sizes, all_gather_input_numel,
                                    rank, &counts);
   record_call(kOpAllGatherCopyIn, counts, now_ns() - t0);
   return result;
 }
 
+// A row whose op keeps its Python kernel on every backend.
+constexpr std::nullptr_t python_kernel = nullptr;
+
+template <typename Fn>
+void impl(torch::Library& m, CountedOp op, Fn* kernel) {
+  m.impl(std::string(kOwnedOps[op].short_name()).c_str(), kernel);
+}
+void impl(torch::Library&, CountedOp, std::nullptr_t) {}
+
+void register_backend(torch::Library& m) {
+#define NPU_DISPATCH_STOCK_OP(id, kernel, wrapper, copy, schema)
+#define NPU_DISPATCH_LIBRARY_OP(id, kernel, wrapper, copy, schema) impl(m, kOp##id, kernel);
+#include "dispatch/owned_ops.h"
+#undef NPU_DISPATCH_STOCK_OP
+#undef NPU_DISPATCH_LIBRARY_OP
+}
+
 }  // namespace
 }  // namespace npu_dispatch
 
-#define NPU_DISPATCH_REGISTER_BACKEND(KEY)                                      \
-  TORCH_LIBRARY_IMPL(npu_dispatch, KEY, m) {                                    \
-    m.impl("foreach_copy_", &npu_dispatch::foreach_copy_kernel);                \
-    m.impl("all_gather_copy_in", &npu_dispatch::all_gather_copy_in_kernel);     \
-  }
-
-NPU_DISPATCH_REGISTER_BACKEND(CPU)
-NPU_DISPATCH_REGISTER_BACKEND(CUDA)
-NPU_DISPATCH_REGISTER_BACKEND(PrivateUse1)
+TORCH_LIBRARY_IMPL(npu_dispatch, CPU, m) { npu_dispatch::register_backend(m); }
+TORCH_LIBRARY_IMPL(npu_dispatch, CUDA, m) { npu_dispatch::register_backend(m); }
+TORCH_LIBRARY_IMPL(npu_dispatch, PrivateUse1, m) { npu_dispatch::register_backend(m); }

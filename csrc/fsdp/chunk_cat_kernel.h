@@ -2,7 +2,7 @@
 // out, [pre, num_chunks, width], is the concatenation along each row of every tensor's chunk
 // (its rows c*chunk .. c*chunk + chunk, widened to out's dtype) followed by that chunk's zero
 // padding. One pass over out's elements, split across threads by out's bytes, computes each
-// piece's addresses as it goes: no piece list (docs/notes/profile.md, "chunk_cat's pass").
+// piece's addresses as it goes: no piece list is built before the bytes move.
 #pragma once
 
 #include <algorithm>
@@ -45,8 +45,8 @@ static C10_ALWAYS_INLINE void zero_bytes(char* d, int64_t n) {
 }
 
 // out's elements [lo, hi), row by row: copy(dst, src, n) for each run of n data elements (element
-// sizes ies / oes), zeros for each run of padding. (Row by row measured faster on the CI host than
-// tensor by tensor, whose writes go to num_chunks rows at a time: docs/notes/profile.md.) A
+// sizes ies / oes), zeros for each run of padding. (Row by row writes out front to back; tensor by
+// tensor would write num_chunks rows at a time.) A
 // template so that a conversion variant (cpu/convert_impl.h) inlines its loop into the pass: each
 // instance is that variant's own (its Copy type is). The layout's structs (and their implicit
 // members) come from fsdp/chunk_cat_layout.h, which cpu/convert_prelude.h includes before any ISA

@@ -12,6 +12,9 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/_chunk_cat.h>
+#include <ATen/ops/split_with_sizes_copy.h>
 #include <c10/core/impl/COW.h>
 
 #include <algorithm>
@@ -41,8 +44,8 @@ namespace {
 // groups, stages and the device's batched kernel); row o of out[i] takes src's elements from
 // (o * total + its offset) * inner. Under `strict`, a plan with any pair off the fast path writes
 // nothing (nullopt).
-std::optional<std::vector<int64_t>> device_rows(const at::Tensor& src, c10::IntArrayRef sizes, at::TensorList out,
-                                                int64_t outer, int64_t total, int64_t inner, int64_t pairs,
+std::optional<CallResult> device_rows(const at::Tensor& src, c10::IntArrayRef sizes, at::TensorList out,
+                                      int64_t outer, int64_t total, int64_t inner, int64_t pairs,
                                                 bool strict, Kind* why) {
   at::AutoDispatchBelowADInplaceOrView below;  // internal views move no counter
   std::vector<at::Tensor> d, s;
@@ -67,7 +70,7 @@ std::optional<std::vector<int64_t>> device_rows(const at::Tensor& src, c10::IntA
     }
   }
   auto v = plan_and_run(d, s, false, false, /*bump=*/false);
-  v[0] = kExecuted | kBumped;
+  v.bumped = true;
   return v;
 }
 
@@ -75,13 +78,13 @@ std::optional<std::vector<int64_t>> device_rows(const at::Tensor& src, c10::IntA
 // all contiguous): the CPU kernel's pass (fsdp/copy_out_kernel.h) where the device's capability is a
 // host pass, else the planner; no capability, or a whole_list_only device (CUDA has stock kernels
 // of its own): nullopt.
-std::optional<std::vector<int64_t>> copy_out(const at::Tensor& src, c10::IntArrayRef sizes, at::TensorList out,
-                                             int64_t outer, int64_t total, int64_t inner, bool strict, Kind* why) {
+std::optional<CallResult> copy_out_pass(const at::Tensor& src, c10::IntArrayRef sizes, at::TensorList out,
+                                        int64_t outer, int64_t total, int64_t inner, bool strict, Kind* why) {
   const auto n = static_cast<int64_t>(out.size());
   int64_t nonempty = 0;
   for (const int64_t s : sizes) nonempty += s * inner > 0;
-  std::vector<int64_t> v(kCountsLen, 0);
-  v[0] = kExecuted | kBumped;
+  CallResult v;
+  v.executed = v.bumped = true;
   if (src.numel() == 0 || nonempty == 0) return v;
   const auto caps = current_capabilities();
   const Capability* cap = caps->get(src.device().type());
@@ -114,9 +117,7 @@ std::optional<std::vector<int64_t>> copy_out(const at::Tensor& src, c10::IntArra
       RECORD_FUNCTION("npu_dispatch::cpu_kernel", std::vector<c10::IValue>());
       copy_out_pass(layout);
     }
-    v[path_slot(kForeach, 0)] = pairs;
-    v[path_slot(kForeach, 1)] = outer * layout.row_bytes;
-    v[path_slot(kForeach, 2)] = 1;
+    v.path(kForeach).add(pairs, outer * layout.row_bytes, 1);
     return v;
   }
   return device_rows(src, sizes, out, outer, total, inner, pairs, strict, why);
@@ -145,10 +146,10 @@ bool all_contiguous(at::TensorList a, at::TensorList b) {
 
 }  // namespace
 
-std::optional<std::vector<int64_t>> split_with_sizes_copy(const at::Tensor& src, c10::IntArrayRef sizes,
+std::optional<CallResult> copy_out(const at::Tensor& src, c10::IntArrayRef sizes,
                                                           int64_t dim, at::TensorList out, bool strict, bool bump,
                                                           Kind* why) {
-  RECORD_FUNCTION("npu_dispatch::split_with_sizes_copy", std::vector<c10::IValue>());
+  RECORD_FUNCTION("npu_dispatch::copy_out", std::vector<c10::IValue>());
   const auto n = static_cast<int64_t>(out.size());
   *why = Kind::MayRaise;
   bool ok = plain_tensor(src) && src.dim() > 0 && n == static_cast<int64_t>(sizes.size());
@@ -183,14 +184,14 @@ std::optional<std::vector<int64_t>> split_with_sizes_copy(const at::Tensor& src,
   }
   if (!ok) return std::nullopt;
   if (needs_autograd({src}, out)) {
-    *why = Kind::Subclass;
+    *why = Kind::RequiresGrad;
     return std::nullopt;
   }
   if (!all_contiguous({src}, out)) {
     *why = Kind::NotDense;
     return std::nullopt;
   }
-  auto counts = copy_out(src, sizes, out, outer, total, inner, strict, why);
+  auto counts = copy_out_pass(src, sizes, out, outer, total, inner, strict, why);
   if (counts && bump) {
     for (const auto& o : out) o.unsafeGetTensorImpl()->bump_version();
   }
@@ -229,10 +230,9 @@ struct ChunkScan {
 
 // Stock's preconditions and the layout of inputs [k0, k1): their sources, at offsets counted from
 // the first of them. Each tensor's fields are read from its TensorImpl directly, without the
-// accessors' policy checks and virtual has_storage (their cost on a long list:
-// docs/notes/profile.md, "chunk_cat's pass"); plain_tensor()'s dtype and meta tests are the list's (t0's
-// dtype, out's device). Stops at the first tensor refused; never throws (it may run on a worker
-// that another thread waits for).
+// accessors' policy checks and virtual has_storage (a per-tensor cost that a long list multiplies);
+// plain_tensor()'s dtype and meta tests are the list's (t0's dtype, out's device). Stops at the
+// first tensor refused; never throws (it may run on a worker that another thread waits for).
 ChunkScan scan_chunks(at::TensorList tensors, int64_t k0, int64_t k1, const ChunkCheck& c, ChunkSource* sources) {
   ChunkScan s;
   try {
@@ -294,7 +294,7 @@ std::optional<Kind> chunk_refusal(const ChunkScan& s, const at::Tensor& out, con
   if (!cast_ok) return Kind::Dtype;
   // Stock raises for an out= argument that requires grad (and records NotImplemented for a
   // non-leaf): such calls are stock's.
-  if (s.grad) return Kind::Subclass;
+  if (s.grad) return Kind::RequiresGrad;
   if (!s.contiguous) return Kind::NotDense;
   return late;
 }
@@ -374,21 +374,19 @@ void write_pass(const ChunkCatKernel& kernel, const ChunkCatLayout& layout, int6
 }
 
 // A served chunk_cat's count vector, after its kernel counters and out's bump (with `bump`).
-std::vector<int64_t> chunk_cat_served(int64_t pairs, const at::Tensor& out, int64_t passes, bool stream, bool bump) {
+CallResult chunk_cat_served(int64_t pairs, const at::Tensor& out, int64_t passes, bool stream, bool bump) {
   ChunkCatKernel::count(pairs, static_cast<int64_t>(out.nbytes()), stream);
   if (bump) out.unsafeGetTensorImpl()->bump_version();
-  std::vector<int64_t> v(kCountsLen, 0);
-  v[0] = kExecuted | kBumped;
-  v[path_slot(kForeach, 0)] = pairs;
-  v[path_slot(kForeach, 1)] = static_cast<int64_t>(out.nbytes());
-  v[path_slot(kForeach, 2)] = passes;
+  CallResult v;
+  v.executed = v.bumped = true;
+  v.path(kForeach).add(pairs, static_cast<int64_t>(out.nbytes()), passes);
   return v;
 }
 
 }  // namespace
 
-std::optional<std::vector<int64_t>> chunk_cat(at::TensorList tensors, int64_t dim, int64_t num_chunks,
-                                              const at::Tensor& out, bool strict, bool bump, bool split_checks,
+std::optional<CallResult> chunk_cat(at::TensorList tensors, int64_t dim, int64_t num_chunks,
+                                   const at::Tensor& out, bool strict, bool bump, bool split_checks,
                                               Kind* why) {
   RECORD_FUNCTION("npu_dispatch::chunk_cat", std::vector<c10::IValue>());
   (void)strict;  // every call served is one kernel pass: nothing for strict to refuse
@@ -414,7 +412,7 @@ std::optional<std::vector<int64_t>> chunk_cat(at::TensorList tensors, int64_t di
   std::optional<Kind> refusal;
   bool stream = false;
   // Two threads check half the inputs each, meet, and write half of out each: one fork for the
-  // checks and the pass (docs/notes/profile.md, "chunk_cat's checks on both threads"). Only for a
+  // checks and the pass, so the worker's start-up overlaps the caller's checks. Only for a
   // call the pass is sure to take up to its checks' findings, and whose out is no copy-on-write
   // one: its mutable pointer, which materializes such an out, is taken before the checks end.
   if (split_checks && !late && out_numel * (c.elem + oes) > kSerialMovedBytes && at::get_num_threads() > 1 &&
@@ -476,9 +474,9 @@ std::optional<std::vector<int64_t>> chunk_cat(at::TensorList tensors, int64_t di
 
 namespace npu_dispatch {
 
-std::optional<std::vector<int64_t>> chunk_cat_mixed_dtype(at::TensorList tensors, int64_t dim, int64_t num_chunks,
-                                                          const at::Tensor& out, bool strict, bool bump, Kind* why) {
-  RECORD_FUNCTION("npu_dispatch::chunk_cat_mixed_dtype", std::vector<c10::IValue>());
+std::optional<CallResult> chunk_cat_mixed(at::TensorList tensors, int64_t dim, int64_t num_chunks,
+                                         const at::Tensor& out, bool strict, bool bump, Kind* why) {
+  RECORD_FUNCTION("npu_dispatch::chunk_cat_mixed", std::vector<c10::IValue>());
   *why = Kind::MayRaise;
   const auto n = static_cast<int64_t>(tensors.size());
   if (n == 0 || !tensors[0].defined()) return std::nullopt;
@@ -538,6 +536,58 @@ std::optional<std::vector<int64_t>> chunk_cat_mixed_dtype(at::TensorList tensors
     write_pass(kernels[g], layout, out_numel, oes, moved, streamed);
   }
   return chunk_cat_served(scan.pairs, out, static_cast<int64_t>(dtypes.size()), stream, bump);
+}
+
+namespace {
+
+// A served call's result; a refused one runs stock's op here, or under `strict` writes nothing.
+template <typename Serve, typename Stock>
+CallResult serve_or_stock(bool strict, int64_t pairs, Serve serve, Stock stock) {
+  Kind why = Kind::MayRaise;
+  if (auto served = serve(&why)) return *served;
+  if (strict) return blocked_counts(why, pairs);
+  return stock_counts(why, pairs, stock());
+}
+
+}  // namespace
+
+CallResult copy_out_or_stock(const at::Tensor& src, c10::IntArrayRef sizes, int64_t dim, at::TensorList out,
+                             bool strict, bool bump) {
+  return serve_or_stock(
+      strict, std::max<int64_t>(static_cast<int64_t>(out.size()), 1),
+      [&](Kind* why) { return copy_out(src, sizes, dim, out, strict, bump, why); },
+      [&] {
+        at::split_with_sizes_copy_out(out, src, sizes, dim);
+        if (bump && !bumps_here()) {  // stock's out= op called from the caller's level bumps
+          for (const auto& o : out) o.unsafeGetTensorImpl()->bump_version();
+        }
+        return total_bytes(out);
+      });
+}
+
+CallResult chunk_cat_or_stock(at::TensorList tensors, int64_t dim, int64_t num_chunks, const at::Tensor& out,
+                              bool strict, bool bump, bool mixed) {
+  return serve_or_stock(
+      strict, std::max<int64_t>(static_cast<int64_t>(tensors.size()), 1),
+      [&](Kind* why) {
+        // The op's Python kernel: its list's tensors just wrapped for Python (split_checks off).
+        return mixed ? chunk_cat_mixed(tensors, dim, num_chunks, out, strict, false, why)
+                     : chunk_cat(tensors, dim, num_chunks, out, strict, bump, /*split_checks=*/false, why);
+      },
+      [&] {
+        if (mixed) {
+          static const auto op =
+              c10::Dispatcher::singleton()
+                  .findSchemaOrThrow("fsdp::chunk_cat_mixed_dtype", "")
+                  .typed<void(at::TensorList, int64_t, int64_t, at::Tensor&)>();
+          at::Tensor o = out;
+          op.call(tensors, dim, num_chunks, o);
+        } else {
+          at::_chunk_cat_out(const_cast<at::Tensor&>(out), tensors, dim, num_chunks);
+          if (bump && !bumps_here()) out.unsafeGetTensorImpl()->bump_version();
+        }
+        return total_bytes({out});
+      });
 }
 
 }  // namespace npu_dispatch

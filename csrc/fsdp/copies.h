@@ -22,13 +22,12 @@
 
 namespace npu_dispatch {
 
-// aten::split_with_sizes_copy.out's result: out[i] = src.split_with_sizes(sizes, dim)[i]. Served
+// copy_out: aten::split_with_sizes_copy.out's result: out[i] = src.split_with_sizes(sizes, dim)[i]. Served
 // where src and every out[i] are contiguous, of one dtype and device, out[i] exactly the split's
 // shape and nothing overlaps; else nullopt, *why set, nothing written. With `bump`, each out[i]'s
 // version counter moves once, as stock's out= op does (none below ADInplaceOrView).
-std::optional<std::vector<int64_t>> split_with_sizes_copy(const at::Tensor& src, c10::IntArrayRef sizes,
-                                                          int64_t dim, at::TensorList out, bool strict, bool bump,
-                                                          Kind* why);
+std::optional<CallResult> copy_out(const at::Tensor& src, c10::IntArrayRef sizes, int64_t dim, at::TensorList out,
+                                   bool strict, bool bump, Kind* why);
 
 // aten::_chunk_cat.out's result (aten/src/ATen/native/TensorShape.cpp _pad_chunk + cat_out): each
 // tensor zero-padded along `dim` to a multiple of num_chunks, viewed as [..., num_chunks, -1], and
@@ -39,20 +38,29 @@ std::optional<std::vector<int64_t>> split_with_sizes_copy(const at::Tensor& src,
 // `split_checks`: whether a long list's checks may run on the pass's two threads, half the tensors
 // each. False where the caller has just written every TensorImpl (a dispatcher call takes a
 // reference to each): the second thread would fetch each one from this thread's cache, which costs
-// more than the checks it takes over (docs/notes/profile.md, "chunk_cat's checks on both threads").
-std::optional<std::vector<int64_t>> chunk_cat(at::TensorList tensors, int64_t dim, int64_t num_chunks,
-                                              const at::Tensor& out, bool strict, bool bump, bool split_checks,
-                                              Kind* why);
+// more than the checks it takes over.
+std::optional<CallResult> chunk_cat(at::TensorList tensors, int64_t dim, int64_t num_chunks, const at::Tensor& out,
+                                    bool strict, bool bump, bool split_checks, Kind* why);
 
-// fsdp::chunk_cat_mixed_dtype (torch 2.15, torch/csrc/distributed/fsdp/ChunkCat.h): chunk_cat of
+// chunk_cat_mixed: fsdp::chunk_cat_mixed_dtype (torch 2.15, torch/csrc/distributed/fsdp/ChunkCat.h): chunk_cat of
 // inputs that may differ in dtype, each cast to out's dtype first. One dtype: chunk_cat above. Mixed
 // (FSDP2's bf16 and fp32 gradients into an fp32 reduce-scatter input): on the CPU one pass of the
 // kernel per input dtype, each a byte copy or a widening cast, over the same preconditions as
 // chunk_cat; anything else nullopt, *why set, nothing written. No out= autograd check (upstream's
 // op runs below autograd). `bump`: out's counter once (false below ADInplaceOrView, where the op's
 // own ADInplaceOrView kernel bumps it).
-std::optional<std::vector<int64_t>> chunk_cat_mixed_dtype(at::TensorList tensors, int64_t dim, int64_t num_chunks,
-                                                          const at::Tensor& out, bool strict, bool bump, Kind* why);
+std::optional<CallResult> chunk_cat_mixed(at::TensorList tensors, int64_t dim, int64_t num_chunks,
+                                          const at::Tensor& out, bool strict, bool bump, Kind* why);
+
+// The Python debugging mode's entries (binding/module.cpp): served as above, else stock's op run
+// here (its checks, messages, warnings, writes; with `bump`, out's version bumps where this
+// level has none), or, under `strict`, nothing written and the reason returned blocked.
+// `mixed`: the op is chunk_cat_mixed (its own op's kernel is the stock call; its ADInplaceOrView
+// kernel bumps out, so nothing here does).
+CallResult copy_out_or_stock(const at::Tensor& src, c10::IntArrayRef sizes, int64_t dim, at::TensorList out,
+                             bool strict, bool bump);
+CallResult chunk_cat_or_stock(at::TensorList tensors, int64_t dim, int64_t num_chunks, const at::Tensor& out,
+                              bool strict, bool bump, bool mixed);
 
 // The tensors' bytes (numel x element size), as their stock_counts (planner/execute.h) count them.
 int64_t total_bytes(at::TensorList ts);

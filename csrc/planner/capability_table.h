@@ -9,7 +9,9 @@
 #include <bitset>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace npu_dispatch {
@@ -51,28 +53,9 @@ struct CapabilityTable {
 // A snapshot, so one call plans against one consistent table even if Python pushes meanwhile.
 std::shared_ptr<const CapabilityTable> current_capabilities();
 
-// The flags of a capability as pushed: bit k set where the entry's field named
-// kCapabilityFlagNames[k] (npu_dispatch.capabilities.Capability's, "present" for any entry) is true.
-enum CapabilityFlag : int64_t {
-  kCapPresent = 1,
-  kCapWholeListOnly = 2,
-  kCapHostPass = 4,
-  kCapBatchedTransfers = 8,
-  kCapBatchedKeepsVersions = 16,
-};
-inline constexpr const char* kCapabilityFlagNames[] = {
-    "present", "whole_list_only", "host_pass", "batched_transfers", "batched_keeps_versions"};
-constexpr int kNumCapabilityFlags = sizeof(kCapabilityFlagNames) / sizeof(kCapabilityFlagNames[0]);
-static_assert(kNumCapabilityFlags == 5 && kCapBatchedKeepsVersions == int64_t{1} << (kNumCapabilityFlags - 1),
-              "bit k of CapabilityFlag is kCapabilityFlagNames[k]'s");
-
-// Wire format (npu_dispatch/_native.py push_capabilities builds it from the names above): per
-// device type name, in order: flags, max_per_launch, stage_bytes, n_pairs, then n_pairs (src, dst)
-// indices into `dtypes`.
-// Names this build cannot parse into a DeviceType (an unregistered "npu") are skipped.
-void set_capabilities(
-    const std::vector<std::string>& device_types,
-    const std::vector<int64_t>& table,
-    const std::vector<c10::ScalarType>& dtypes);
+// The table in force, pushed from Python (npu_dispatch/_native.py push_capabilities) as one
+// entry per device type name (nullopt: no fast path). Names this build cannot parse into a
+// DeviceType (an unregistered "npu") are skipped.
+void set_capabilities(const std::vector<std::pair<std::string, std::optional<Capability>>>& entries);
 
 }  // namespace npu_dispatch

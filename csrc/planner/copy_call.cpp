@@ -23,10 +23,10 @@ struct InsidePlanner {
   ~InsidePlanner() { --t_planner_depth; }
 };
 
-// The one-pass plan over the whole list, one thread (calls through the dispatcher carry the binding's
-// work around the copy, and there the threaded checks' threads never gained: docs/notes/profile.md,
-// "The mode's dispatched calls"). Empty where the one-pass plan refuses the call (nothing written).
-std::vector<int64_t> one_pass_scan(at::TensorList dsts, at::TensorList srcs, bool bump, int64_t serial_moved_bytes) {
+// The one-pass plan over the whole list, one thread (a dispatched call's binding touches every tensor
+// on the calling thread around the copy, so checks on a second thread would only move those lines
+// between cores). Empty where the one-pass plan refuses the call (nothing written).
+std::optional<CallResult> one_pass_scan(at::TensorList dsts, at::TensorList srcs, bool bump, int64_t serial_moved_bytes) {
   const size_t n = dsts.size();
   const auto caps = current_capabilities();  // the one-pass plan keeps pointers into it
   OnePassCall call(n);
@@ -37,7 +37,7 @@ std::vector<int64_t> one_pass_scan(at::TensorList dsts, at::TensorList srcs, boo
   }
   switch (call.prepare(*caps, /*grad_check=*/false, kReleaseGilBytes, /*threads=*/false, bump, serial_moved_bytes)) {
     case OnePassCall::Step::Refused:
-      return {};
+      return std::nullopt;
     case OnePassCall::Step::Prepared:
       call.copy();
       break;
@@ -45,7 +45,7 @@ std::vector<int64_t> one_pass_scan(at::TensorList dsts, at::TensorList srcs, boo
       break;
   }
   auto counts = call.counts();
-  counts[0] |= kBumped;  // OnePassCall moved every counter itself (or, without `bump`, none)
+  counts.bumped = true;  // OnePassCall moved every counter itself (or, without `bump`, none)
   return counts;
 }
 
@@ -72,7 +72,7 @@ bool stock_bumps(at::TensorList dsts) {
   return false;
 }
 
-std::vector<int64_t> plan_and_run(at::TensorList dsts, at::TensorList srcs, bool non_blocking,
+CallResult plan_and_run(at::TensorList dsts, at::TensorList srcs, bool non_blocking,
                                   bool strict, bool bump, int64_t serial_moved_bytes) {
   InsidePlanner inside;
   if (lazy_bit_dst(dsts) >= 0) {
@@ -82,8 +82,8 @@ std::vector<int64_t> plan_and_run(at::TensorList dsts, at::TensorList srcs, bool
     return stock_counts(Kind::ConjNeg, static_cast<int64_t>(dsts.size()), 0);
   }
   check_lists(dsts, srcs);
-  std::vector<int64_t> counts = one_pass_scan(dsts, srcs, bump, serial_moved_bytes);
-  if (!counts.empty()) return counts;  // all pairs fast: nothing for strict to block
+  if (auto fast = one_pass_scan(dsts, srcs, bump, serial_moved_bytes)) return *fast;  // nothing for strict to block
+  CallResult counts;
   std::vector<uint8_t> self_bumped;
   {
     at::AutoDispatchBelowADInplaceOrView below;
@@ -94,7 +94,7 @@ std::vector<int64_t> plan_and_run(at::TensorList dsts, at::TensorList srcs, bool
   // As stock: a destination without a version counter (planner/execute.h) moves nothing inside
   // inference_mode (outside it the plan was stock's loop, which raised); others move even inside
   // inference_mode, unless both tensors of the pair are inference-keyed (stock_bumps_pair).
-  if (bump && (counts[0] & kExecuted) && !(counts[0] & kBumped)) {
+  if (bump && counts.executed && !counts.bumped) {
     const bool in_inference = c10::InferenceMode::is_enabled();
     for (size_t i = 0; i < dsts.size(); ++i) {
       const auto& t = dsts[i];
@@ -108,7 +108,7 @@ std::vector<int64_t> plan_and_run(at::TensorList dsts, at::TensorList srcs, bool
 
 std::tuple<at::Tensor, at::Tensor> all_gather_copy_in(at::TensorList inputs, const at::Tensor& out,
                                                       c10::IntArrayRef sizes, int64_t numel, int64_t rank,
-                                                      std::vector<int64_t>* counts) {
+                                                      CallResult* counts) {
   auto slice = out.narrow(0, numel * rank, numel);
   const auto dsts = slice.split_with_sizes(sizes);
   {

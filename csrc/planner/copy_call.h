@@ -1,16 +1,18 @@
 // One `_foreach_copy_` through the native planner: what every entry that reaches it through the
 // dispatcher runs (the interception kernels of dispatch/intercept.h, the kernels of the npu_dispatch ops,
 // the Python debugging mode's handler). The public npu_dispatch.foreach_copy_ called from Python
-// tries the one-pass plan with threaded checks first (binding/python_entry.cpp) and comes here when it refuses.
+// tries the one-pass plan with threaded checks first (binding/direct_entry.cpp) and comes here when it refuses.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <cstdint>
+#include <optional>
 #include <tuple>
 #include <vector>
 
+#include "planner/execute.h"
 #include "planner/plan.h"
 #include "planner/tuning.h"
 
@@ -21,7 +23,7 @@ namespace npu_dispatch {
 // (nothing when `strict` finds a fallback). Copies are issued below ADInplaceOrView; with `bump`,
 // each listed destination's version counter then moves once, as stock's in-place kernel does.
 // Returns the count vector of planner/execute.h. While it runs, the thread is inside_planner().
-std::vector<int64_t> plan_and_run(at::TensorList dsts, at::TensorList srcs, bool non_blocking,
+CallResult plan_and_run(at::TensorList dsts, at::TensorList srcs, bool non_blocking,
                                   bool strict, bool bump,
                                   int64_t serial_moved_bytes = kDispatchedSerialMovedBytes);
 
@@ -32,7 +34,7 @@ std::vector<int64_t> plan_and_run(at::TensorList dsts, at::TensorList srcs, bool
 // `counts` receives the count vector.
 std::tuple<at::Tensor, at::Tensor> all_gather_copy_in(at::TensorList inputs, const at::Tensor& out,
                                                       c10::IntArrayRef sizes, int64_t numel, int64_t rank,
-                                                      std::vector<int64_t>* counts);
+                                                      CallResult* counts);
 
 // The plan against the table in force, for explain(); nothing is written.
 Plan plan_of(at::TensorList dsts, at::TensorList srcs);

@@ -38,12 +38,6 @@ int64_t dst_bytes(const at::Tensor& t) {
   return t.numel() * static_cast<int64_t>(t.element_size());
 }
 
-void add(std::vector<int64_t>& v, Path p, int64_t tensors, int64_t bytes, int64_t launches) {
-  v[path_slot(p, 0)] += tensors;
-  v[path_slot(p, 1)] += bytes;
-  v[path_slot(p, 2)] += launches;
-}
-
 // A device's fused _foreach_copy_ (CUDA's multi_tensor_apply kernel) bumps its destinations' version
 // counters itself, even below ADInplaceOrView; its per-pair loop does not. A listed destination
 // with a counter tells which kernel ran: it moved or it did not.
@@ -80,7 +74,7 @@ void write_defined_bf16_nan(const at::Tensor& d) {
 class Executor {
  public:
   Executor(const Plan& p, at::TensorList dsts, at::TensorList srcs, bool non_blocking,
-           std::vector<int64_t>& v, std::vector<uint8_t>* self_bumped, const std::vector<uint8_t>& kept)
+           CallResult& v, std::vector<uint8_t>* self_bumped, const std::vector<uint8_t>& kept)
       : p_(p), dsts_(dsts), srcs_(srcs), non_blocking_(non_blocking), v_(v), self_bumped_(self_bumped), kept_(kept) {}
 
   // Aliasing, a pair that may raise, a 0-dim conversion, meta tensors, a whole_list_only device's
@@ -102,8 +96,8 @@ class Executor {
       }
       int64_t bytes = 0;
       for (const auto& d : dsts_) bytes += dst_bytes(d);
-      add(v_, kStock, p_.n, bytes, p_.stock_launches);
-      v_[reason_slot(p_.stock)] += p_.n;
+      v_.path(kStock).add(p_.n, bytes, p_.stock_launches);
+      v_.reason(p_.stock) += p_.n;
       return;
     }
     if (p_.stock == Kind::Aliasing || p_.stock == Kind::MayRaise || p_.stock == Kind::Meta ||
@@ -132,8 +126,8 @@ class Executor {
     }
     int64_t bytes = 0;
     for (const auto& d : dsts_) bytes += dst_bytes(d);
-    add(v_, kStock, p_.n, bytes, p_.n);
-    v_[reason_slot(p_.stock)] += p_.n;
+    v_.path(kStock).add(p_.n, bytes, p_.n);
+    v_.reason(p_.stock) += p_.n;
   }
 
   void runs() {
@@ -152,7 +146,7 @@ class Executor {
         // flat copy_ might not (FBGEMM's fp16 tails depend on where each copy ends).
         stock_pairs(members, count);
       }
-      add(v_, kCoalesced, count, r.numel * static_cast<int64_t>(d0.element_size()), 1);
+      v_.path(kCoalesced).add(count, r.numel * static_cast<int64_t>(d0.element_size()), 1);
     }
   }
 
@@ -163,7 +157,7 @@ class Executor {
       const int64_t count = g.end - g.begin;
       int64_t bytes = 0;
       for (int64_t k = 0; k < count; ++k) bytes += dst_bytes(dsts_[members[k]]);
-      add(v_, kForeach, count, bytes, g.launches);
+      v_.path(kForeach).add(count, bytes, g.launches);
       if (!dsts_[members[0]].is_cpu() || p_.whole_list || g.transfer) {
         // The device's own batched kernel (CUDA multi_tensor_apply, op-plugin aclnnForeachCopy).
         stock_pairs(members, count);
@@ -219,7 +213,7 @@ class Executor {
         }
         at::_foreach_copy_(picked, views, non_blocking_);
       }
-      add(v_, kStaged, count, bytes, st.launches);
+      v_.path(kStaged).add(count, bytes, st.launches);
     }
   }
 
@@ -240,9 +234,9 @@ class Executor {
       auto d = dsts_[f.index];
       d.copy_(srcs_[f.index], non_blocking_);
       bytes += dst_bytes(d);
-      v_[reason_slot(f.kind)] += 1;
+      v_.reason(f.kind) += 1;
     }
-    add(v_, kFallback, static_cast<int64_t>(p_.fallback.size()), bytes, p_.fallback_launches);
+    v_.path(kFallback).add(static_cast<int64_t>(p_.fallback.size()), bytes, p_.fallback_launches);
   }
 
  private:
@@ -267,7 +261,7 @@ class Executor {
   const Plan& p_;
   at::TensorList dsts_, srcs_;
   bool non_blocking_;
-  std::vector<int64_t>& v_;
+  CallResult& v_;
   std::vector<uint8_t>* self_bumped_;
   const std::vector<uint8_t>& kept_;  // stock_keeps_version: counters stock's own op leaves unmoved
   CpuCopyBatch batch_;
@@ -276,14 +270,14 @@ class Executor {
 
 }  // namespace
 
-std::vector<int64_t> execute(const Plan& p, at::TensorList dsts, at::TensorList srcs, bool non_blocking,
-                             bool strict, bool bump, const CapabilityTable& caps, std::vector<uint8_t>* self_bumped) {
-  std::vector<int64_t> v(kCountsLen, 0);
+CallResult execute(const Plan& p, at::TensorList dsts, at::TensorList srcs, bool non_blocking, bool strict,
+                   bool bump, const CapabilityTable& caps, std::vector<uint8_t>* self_bumped) {
+  CallResult v;
   if (strict && (p.stock != Kind::None || !p.fallback.empty())) {
-    v[0] = kBlocked;
+    v.blocked = true;
     return v;
   }
-  v[0] = kExecuted;
+  v.executed = true;
   self_bumped->assign(dsts.size(), 0);
   const std::vector<uint8_t> kept = bump ? stock_keeps_version(dsts, srcs, non_blocking, caps)
                                          : std::vector<uint8_t>();
@@ -292,7 +286,7 @@ std::vector<int64_t> execute(const Plan& p, at::TensorList dsts, at::TensorList 
   Executor ex(p, dsts, srcs, non_blocking, v, self_bumped, kept);
   if (p.stock != Kind::None) {
     ex.stock(bump);
-    v[0] |= kBumped;
+    v.bumped = true;
     return v;
   }
   if (!p.runs.empty()) ex.runs();
@@ -300,24 +294,23 @@ std::vector<int64_t> execute(const Plan& p, at::TensorList dsts, at::TensorList 
   if (!p.stages.empty()) ex.stages();
   ex.cpu_kernel();
   if (!p.fallback.empty()) ex.fallback();
-  if (!p.empty.empty()) add(v, kEmpty, static_cast<int64_t>(p.empty.size()), 0, 0);
+  if (!p.empty.empty()) v.path(kEmpty).add(static_cast<int64_t>(p.empty.size()), 0, 0);
   return v;
 }
 
-std::vector<int64_t> stock_counts(Kind why, int64_t pairs, int64_t bytes, int64_t flags) {
-  std::vector<int64_t> v(kCountsLen, 0);
-  v[0] = flags;
-  v[path_slot(kStock, 0)] = pairs;
-  v[path_slot(kStock, 1)] = bytes;
-  v[path_slot(kStock, 2)] = pairs;
-  v[reason_slot(why)] = pairs;
+CallResult stock_counts(Kind why, int64_t pairs, int64_t bytes, bool bumped) {
+  CallResult v;
+  v.executed = true;
+  v.bumped = bumped;
+  v.path(kStock).add(pairs, bytes, pairs);
+  v.reason(why) = pairs;
   return v;
 }
 
-std::vector<int64_t> blocked_counts(Kind why, int64_t pairs) {
-  std::vector<int64_t> v(kCountsLen, 0);
-  v[0] = kBlocked;
-  v[reason_slot(why)] = pairs;
+CallResult blocked_counts(Kind why, int64_t pairs) {
+  CallResult v;
+  v.blocked = true;
+  v.reason(why) = pairs;
   return v;
 }
 

@@ -220,22 +220,13 @@ bool OnePass::disjoint() { return !writes_overlap(dst_spans_, src_spans_, &dst_h
 
 void count_one_pass_call() { g_one_pass_calls.fetch_add(1, std::memory_order_relaxed); }
 
-std::vector<int64_t> one_pass_counts(int64_t runs, int64_t run_tensors, int64_t coalesced_bytes,
-                                 const std::vector<OnePass::Group>& groups, int64_t empty,
-                                 const Capability& cap) {
-  std::vector<int64_t> v(kCountsLen, 0);
-  v[0] = kExecuted;
-  if (runs > 0) {
-    v[path_slot(kCoalesced, 0)] = run_tensors;
-    v[path_slot(kCoalesced, 1)] = coalesced_bytes;
-    v[path_slot(kCoalesced, 2)] = runs;
-  }
-  for (const auto& g : groups) {
-    v[path_slot(kForeach, 0)] += g.tensors;
-    v[path_slot(kForeach, 1)] += g.bytes;
-    v[path_slot(kForeach, 2)] += cap.launches(g.tensors);
-  }
-  v[path_slot(kEmpty, 0)] = empty;
+CallResult one_pass_counts(int64_t runs, int64_t run_tensors, int64_t coalesced_bytes,
+                           const std::vector<OnePass::Group>& groups, int64_t empty, const Capability& cap) {
+  CallResult v;
+  v.executed = true;
+  if (runs > 0) v.path(kCoalesced).add(run_tensors, coalesced_bytes, runs);
+  for (const auto& g : groups) v.path(kForeach).add(g.tensors, g.bytes, cap.launches(g.tensors));
+  v.path(kEmpty).tensors = empty;
   return v;
 }
 
@@ -245,7 +236,7 @@ KernelRanges::KernelRanges(bool coalesced, bool foreach) {
   if (kernel_.isActive()) kernel_.before("npu_dispatch::cpu_kernel");
 }
 
-std::vector<int64_t> OnePass::run(int64_t serial_moved_bytes) {
+CallResult OnePass::run(int64_t serial_moved_bytes) {
   {
     // One kernel pass serves both of the executor's paths.
     KernelRanges ranges(runs_ > 0, !groups_.empty());

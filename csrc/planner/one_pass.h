@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "planner/capability_table.h"
+#include "planner/execute.h"
 #include "planner/spans.h"
 #include "cpu/copy_kernel.h"
 
@@ -81,7 +82,7 @@ class OnePass {
   const std::vector<Group>& groups() const { return groups_; }
   // Copies every pair in one kernel pass (`serial_moved_bytes` as CpuCopyBatch::run); returns
   // the count vector of planner/execute.h. No version counter moves here.
-  std::vector<int64_t> run(int64_t serial_moved_bytes = kSerialMovedBytes);
+  CallResult run(int64_t serial_moved_bytes = kSerialMovedBytes);
 
  private:
   // Ends the run being built. A single that joins the last group hit (the common case: one
@@ -138,9 +139,8 @@ class KernelRanges {
 
 // The count vector (planner/execute.h) of a one-pass plan call (`groups` without empty ones), and the one-pass call
 // counter both passes move.
-std::vector<int64_t> one_pass_counts(int64_t runs, int64_t run_tensors, int64_t coalesced_bytes,
-                                 const std::vector<OnePass::Group>& groups, int64_t empty,
-                                 const Capability& cap);
+CallResult one_pass_counts(int64_t runs, int64_t run_tensors, int64_t coalesced_bytes,
+                           const std::vector<OnePass::Group>& groups, int64_t empty, const Capability& cap);
 void count_one_pass_call();
 
 }  // namespace npu_dispatch

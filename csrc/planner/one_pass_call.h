@@ -1,5 +1,5 @@
 // One call of the one-pass plan, the planner's first pass, by an entry that holds the pairs'
-// TensorImpls (csrc/binding/python_entry.cpp's direct entry, planner/copy_call.cpp plan_and_run):
+// TensorImpls (binding/direct_entry.cpp, planner/copy_call.cpp plan_and_run):
 // the calling thread's scratch, the one-pass plan (its checks threaded for long lists), the copy and the version
 // bumps stock's in-place op makes.
 #pragma once
@@ -44,7 +44,7 @@ class OnePassCall {
   // After Prepared: copies (and bumps, as prepare() was told).
   void copy();
   // After Copied, or Prepared and copy(): the count vector of planner/execute.h.
-  const std::vector<int64_t>& counts() const { return counts_; }
+  const CallResult& counts() const { return counts_; }
 
  private:
   struct Scratch;
@@ -61,7 +61,7 @@ class OnePassCall {
   bool use_threads_ = false;
   bool bump_ = true;
   int64_t serial_moved_bytes_ = kSerialMovedBytes;
-  std::vector<int64_t> counts_;
+  CallResult counts_;
 };
 
 }  // namespace npu_dispatch

@@ -179,8 +179,8 @@ class Planner {
       const auto sd = s.device();
       if (dd.is_meta() || sd.is_meta()) return stock(Kind::Meta, i, 0);
       // Storage-less strided tensors (lazy/XLA) cannot be addressed: they cannot be planned.
-      if (!addressable(d)) return stock(Kind::Subclass, i, 2);
-      if (!addressable(s)) return stock(Kind::Subclass, i, 3);
+      if (!addressable(d)) return stock(Kind::NoStorage, i, 0);
+      if (!addressable(s)) return stock(Kind::NoStorage, i, 1);
       if (!copy_dtype(d.scalar_type()) || !copy_dtype(s.scalar_type())) {
         return stock(Kind::MayRaise, i, 2);
       }

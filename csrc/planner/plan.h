@@ -20,6 +20,8 @@ enum class Kind : int8_t {
   None = -1,
   NotTensor = 0,
   Subclass,
+  NoStorage,     // a strided tensor without storage (lazy, XLA): no address to plan with
+  RequiresGrad,  // an out= argument that requires grad under grad mode: stock raises (its autograd kernel)
   Layout,
   Meta,
   MayRaise,
@@ -39,7 +41,7 @@ enum class Kind : int8_t {
 constexpr int kNumKinds = static_cast<int>(Kind::Count);
 // Kind's names, as stats, explain() and errors show them.
 inline constexpr const char* kKindNames[] = {
-    "not_tensor", "subclass", "layout", "meta", "may_raise", "aliasing", "broadcast", "device", "not_dense",
+    "not_tensor", "subclass", "no_storage", "requires_grad", "layout", "meta", "may_raise", "aliasing", "broadcast", "device", "not_dense",
     "strides", "conj_neg", "dtype", "no_capability", "order_dependent", "whole_list_op", "schema",
 };
 static_assert(sizeof(kKindNames) / sizeof(kKindNames[0]) == kNumKinds, "a name per Kind");

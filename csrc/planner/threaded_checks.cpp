@@ -320,7 +320,7 @@ ThreadedChecks::Outcome ThreadedChecks::prepare(c10::TensorImpl* const* dsts, c1
 #endif
 }
 
-std::vector<int64_t> ThreadedChecks::run() {
+CallResult ThreadedChecks::run() {
   {
     KernelRanges ranges(runs_ > 0, !groups_.empty());
     at::parallel_for(0, bytes_, kCopyGrainBytes,

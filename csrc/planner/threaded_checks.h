@@ -51,8 +51,8 @@ class ThreadedChecks {
   // Destination bytes (after Prepared or Copied).
   int64_t bytes() const { return bytes_; }
   // After Prepared: copies every pair (at::parallel_for over the destination bytes).
-  std::vector<int64_t> run();
-  const std::vector<int64_t>& counts() const { return counts_; }
+  CallResult run();
+  const CallResult& counts() const { return counts_; }
 
  private:
   // What every thread of the region decides once the shares are checked.
@@ -110,7 +110,7 @@ class ThreadedChecks {
   // The joined counts (OnePass's, over the whole list).
   int64_t runs_ = 0, tensors_ = 0, coalesced_bytes_ = 0, empty_ = 0;
   std::vector<OnePass::Group> groups_;
-  std::vector<int64_t> counts_;
+  CallResult counts_;
 };
 
 }  // namespace npu_dispatch

@@ -1,5 +1,4 @@
-// Every tuning threshold of the native library, in one place. Each says why it exists; the
-// measurements behind the values are in docs/notes/profile.md (the section named after each).
+// Every tuning threshold of the native library, in one place, each with the reason it exists.
 #pragma once
 
 #include <cstddef>
@@ -8,35 +7,35 @@
 namespace npu_dispatch {
 
 // Destination bytes one thread takes at least when a kernel pass splits across threads: about
-// ATen's GRAIN_SIZE elements of a 2-byte type. ("The direct op: `npu_dispatch.foreach_copy_`")
+// ATen's GRAIN_SIZE elements of a 2-byte type.
 constexpr int64_t kCopyGrainBytes = 64 * 1024;
 
 // Bytes read plus written at or below which a pass of the direct entry runs on the calling
-// thread, as ATen's copy_ stays serial below GRAIN_SIZE elements. ("The direct op: ...")
+// thread, as ATen's copy_ stays serial below GRAIN_SIZE elements.
 constexpr int64_t kSerialMovedBytes = 256 * 1024;
 
 // The same limit for calls that reach the planner through the dispatcher (the interception
 // kernels, the ops' kernels): the binding's work around such a call leaves the second thread
 // idle, and its share of the bytes lands in the other core's caches, so these stay on one
-// thread longer. ("Dispatched calls copy small lists on one thread")
+// thread longer.
 constexpr int64_t kDispatchedSerialMovedBytes = 768 * 1024;
 
 // Above this many destination bytes the direct entry's copy drops the GIL (holding references
 // to the list items meanwhile); below it the pass is far shorter than Python's switch
-// interval. ("The direct op: ...")
+// interval.
 constexpr int64_t kReleaseGilBytes = 2 * 1024 * 1024;
 
 // Lists of up to this many pairs reuse the calling thread's scratch instead of allocating a
-// fresh one per call. ("The threaded checks")
+// fresh one per call.
 constexpr size_t kKeptPairs = 4096;
 
 // Below this many pairs the threaded checks' parallel region (its start and barriers) costs more
-// than half of what splitting the per-pair checks saves. ("The threaded checks")
+// than half of what splitting the per-pair checks saves.
 constexpr size_t kThreadedChecksPairs = 96;
 
 // Longest single memcpy: above a cache-size threshold glibc switches to its own non-temporal
-// path, slower than 64 KB calls here; passes beyond the cache stream with cpu/stream_copy.h
-// instead. ("Short rounds, and streaming stores beyond the cache")
+// path, slower than 64 KB calls; passes beyond the cache stream with cpu/stream_copy.h
+// instead.
 constexpr int64_t kMemcpyChunk = 64 * 1024;
 
 }  // namespace npu_dispatch

@@ -153,17 +153,17 @@ def launches_by_op() -> Iterator[LaunchesByOp]:
     """Attribute device launches to the copy op that issued them, inside the block.
 
     Yields a :class:`LaunchesByOp` filled as the block runs: ``{"cast": {...}, "copy_in": {...},
-    ...}``, each a :func:`launches`-style dict, and ``.calls`` per label. ``cast`` is a top-level ``aten._foreach_copy_`` (FSDP2's
-    mixed-precision cast), ``copy_in`` ``fsdp.all_gather_copy_in``, ``copy_out``
-    ``fsdp.split_with_sizes_copy``, ``chunk_cat`` ``fsdp.chunk_cat``; launches of a nested op
-    count in its caller. It is a TorchDispatchMode (every op of the block crosses into Python):
+    ...}``, each a :func:`launches`-style dict, and ``.calls`` per label: the ``copy`` column of
+    the op table (csrc/dispatch/owned_ops.h), ``cast`` for a top-level ``aten._foreach_copy_``
+    (FSDP2's mixed-precision cast); launches of a nested op count in its caller. It is a TorchDispatchMode (every op of the block crosses into Python):
     an accounting tool, not for timing.
     """
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    labels = {"aten._foreach_copy_.default": "cast", "fsdp.all_gather_copy_in.default": "copy_in",
-              "fsdp.split_with_sizes_copy.default": "copy_out", "fsdp.chunk_cat.default": "chunk_cat",
-              "fsdp.chunk_cat_mixed_dtype.default": "chunk_cat"}  # torch 2.15's reduce-scatter copy-in
+    from .. import _op_table
+
+    # Each intercepted op's copy, as the op table names it (csrc/dispatch/owned_ops.h).
+    labels = {f"{row.counted}.default": row.copy for row in _op_table.rows() if row.intercepted}
     result = LaunchesByOp()
     ext = _require()
     lock = threading.Lock()

@@ -1,0 +1,114 @@
+// The extension module: pybind11 bindings of every entry but the hand-written hot ones
+// (binding/direct_entry.h). C++ errors reach Python as torch's own (type and message), and C++
+// warnings as Python warnings (torch::wrap_pybind_function).
+#include <torch/extension.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "binding/direct_entry.h"
+#include "binding/to_python.h"
+#include "cpu/copy_kernel.h"
+#include "cpu/stream_copy.h"
+#include "dispatch/dispatcher_facts.h"
+#include "dispatch/intercept.h"
+#include "dispatch/mode_scope.h"
+#include "fsdp/copies.h"
+#include "planner/capability_table.h"
+#include "planner/copy_call.h"
+#include "planner/one_pass.h"
+#include "planner/threaded_checks.h"
+
+namespace npu_dispatch::binding {
+namespace {
+
+using Tensors = std::vector<at::Tensor>;
+
+// `bump`: None is stock's rule where the call is made (below ADInplaceOrView, none).
+bool bump_or_stock_rule(std::optional<bool> bump) { return bump.value_or(bumps_here()); }
+
+pyb::tuple fact(const Fact& f) { return pyb::make_tuple(f.name, f.holds, f.detail); }
+
+}  // namespace
+}  // namespace npu_dispatch::binding
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  using namespace npu_dispatch;
+  using namespace npu_dispatch::binding;
+  namespace pyb = pybind11;
+  bind_types(m);
+  add_direct_entries(m);
+
+  // The planned copies: the debugging mode's handlers and the library ops' Python kernels. The GIL
+  // is released while C++ runs; results cross as CallResult.
+  m.def("foreach_copy_planned",
+        torch::wrap_pybind_function_no_gil([](const Tensors& dsts, const Tensors& srcs, bool non_blocking, bool strict,
+                                              std::optional<bool> bump) {
+          // None: stock's rule where the call is made (planner/copy_call.h stock_bumps).
+          return plan_and_run(dsts, srcs, non_blocking, strict, bump.has_value() ? *bump : stock_bumps(dsts));
+        }),
+        "Plan and execute one _foreach_copy_ (planner/copy_call.h plan_and_run).");
+  m.def("copy_out",
+        torch::wrap_pybind_function_no_gil([](const at::Tensor& src, const std::vector<int64_t>& sizes, int64_t dim,
+                                              const Tensors& out, bool strict, std::optional<bool> bump) {
+          return copy_out_or_stock(src, sizes, dim, out, strict, bump_or_stock_rule(bump));
+        }),
+        "FSDP2's all-gather copy-out through the fast path, else stock's op (fsdp/copies.h).");
+  m.def("chunk_cat",
+        torch::wrap_pybind_function_no_gil([](const Tensors& tensors, int64_t dim, int64_t num_chunks,
+                                              const at::Tensor& out, bool strict, std::optional<bool> bump,
+                                              bool mixed) {
+          return chunk_cat_or_stock(tensors, dim, num_chunks, out, strict, bump_or_stock_rule(bump), mixed);
+        }),
+        "FSDP2's reduce-scatter copy-in through the fast path, else stock's op (fsdp/copies.h).");
+  m.def("stock_foreach_copy",
+        torch::wrap_pybind_function_no_gil([](const Tensors& dsts, const Tensors& srcs, bool non_blocking) {
+          stock_foreach_copy(dsts, srcs, non_blocking);
+        }),
+        "Stock's _foreach_copy_, the interception kernels stepping aside.");
+  m.def("stock_bumps", torch::wrap_pybind_function([](const Tensors& dsts) { return stock_bumps(dsts); }),
+        "Whether stock's _foreach_copy_ called here bumps the destinations.");
+  m.def("plan", torch::wrap_pybind_function([](const Tensors& dsts, const Tensors& srcs) { return plan(plan_of(dsts, srcs)); }),
+        "The plan of one _foreach_copy_, as a dict; nothing is written.");
+
+  // The mode's scopes (dispatch/mode_scope.h) and counters.
+  m.def("scope_new", torch::wrap_pybind_function(&scope_new));
+  m.def("scope_free", torch::wrap_pybind_function(&scope_free));
+  m.def("scope_enter", torch::wrap_pybind_function(&scope_enter));
+  m.def("scope_exit", torch::wrap_pybind_function(&scope_exit));
+  m.def("scope_drain", torch::wrap_pybind_function([](int64_t id) { return totals(scope_drain(id)); }));
+  m.def("drain_stats", torch::wrap_pybind_function([] { return totals(drain_direct()); }),
+        "The direct ops' counters since the last drain.");
+
+  // Installing the interception (dispatch/intercept.h) and the facts it relies on.
+  m.def("static_facts", torch::wrap_pybind_function([](const std::vector<std::string>& served) {
+          pyb::list out;
+          for (const auto& f : static_facts(served)) out.append(fact(f));
+          return out;
+        }));
+  m.def("install", torch::wrap_pybind_function(&install_interception));
+  m.def("live_fact", torch::wrap_pybind_function([] { return fact(live_fact()); }));
+  m.def("install_passthrough", torch::wrap_pybind_function(&install_passthrough));
+  m.def("install_in_reach_marker", torch::wrap_pybind_function(&install_in_reach_marker));
+  m.def("in_reach_modes", &in_reach_modes);
+
+  // The capability table and what the library reports about itself.
+  m.def("set_capabilities",
+        torch::wrap_pybind_function([](const std::vector<std::pair<std::string, std::optional<Capability>>>& e) {
+          set_capabilities(e);
+        }),
+        "Push the capability table in force: [(device type, Capability or None)].");
+  m.def("names", &names, "The names of reason kinds, paths and counted ops.");
+  m.def("self_check", torch::wrap_pybind_function([] { return conversion_checks(self_check()); }),
+        "Which CPU conversions matched stock at load.");
+  m.def("info", [] {
+    const auto k = kernel_counters();
+    return pyb::dict(pyb::arg("kernel_passes") = k[0], pyb::arg("kernel_items") = k[1],
+                     pyb::arg("kernel_bytes") = k[2], pyb::arg("kernel_streamed_bytes") = k[3],
+                     pyb::arg("one_pass_calls") = one_pass_calls(),
+                     pyb::arg("threaded_check_calls") = threaded_check_calls(),
+                     pyb::arg("stream_moved_bytes") = stream_moved_bytes());
+  });
+}

@@ -1,0 +1,72 @@
+"""The owned ops: the rows of ``csrc/dispatch/owned_ops.h``, read from that file.
+
+C++ expands the same rows (csrc/dispatch/op_table.h), so the package keeps one list of the ops it
+owns, and it holds where the native library is missing. Each row names the op's schema, the C++
+kernel, the Python wrapper that serves it (``engine.HANDLERS``) and which of FSDP2's copies it
+makes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from pathlib import Path
+
+from . import _build
+
+__all__ = ["OwnedOp", "rows"]
+
+# One row a line: NPU_DISPATCH_<STOCK|LIBRARY>_OP(id, kernel, wrapper, copy, "schema")
+_ROW = re.compile(r'^NPU_DISPATCH_(STOCK|LIBRARY)_OP\((\w+), (\w+), (\w+), (\w+), "([^"]+)"\)$', re.M)
+
+
+@dataclasses.dataclass(frozen=True)
+class OwnedOp:
+    """One owned op. ``schema`` as ``str(op._schema)`` prints it; ``intercepted``: a stock op the
+    mode serves at BackendSelect (else the library's own ``npu_dispatch::`` op); ``kernel``: its
+    C++ kernel's name, or ``python_kernel``; ``wrapper``: its ``engine.HANDLERS`` key; ``copy``:
+    ``cast``, ``copy_in``, ``copy_out`` or ``chunk_cat`` (FSDP2's reduce-scatter copy-in)."""
+
+    id: str
+    intercepted: bool
+    kernel: str
+    wrapper: str
+    copy: str
+    schema: str
+
+    @property
+    def name(self) -> str:
+        """``"fsdp::chunk_cat"``."""
+        return self.schema.split("(", 1)[0]
+
+    @property
+    def namespace(self) -> str:
+        return self.name.split("::", 1)[0]
+
+    @property
+    def op_name(self) -> str:
+        """``"chunk_cat"``: the name inside its namespace."""
+        return self.name.split("::", 1)[1]
+
+    @property
+    def counted(self) -> str:
+        """``"fsdp.chunk_cat"``: the name stats count it under."""
+        return f"{self.namespace}.{self.op_name}"
+
+    @property
+    def definition(self) -> str:
+        """The schema without its namespace, as ``torch.library.Library.define`` takes it."""
+        return self.schema.split("::", 1)[1]
+
+
+@functools.cache
+def rows() -> tuple[OwnedOp, ...]:
+    """Every owned op, in the file's order (C++'s CountedOp order)."""
+    src = _build.source_dir(Path(__file__).resolve().parent)
+    if src is None:
+        raise RuntimeError("npu_dispatch: csrc/dispatch/owned_ops.h not found beside the package")
+    text = (src / "dispatch" / "owned_ops.h").read_text()
+    found = tuple(OwnedOp(m[2], m[1] == "STOCK", m[3], m[4], m[5], m[6]) for m in _ROW.finditer(text))
+    if not found:
+        raise RuntimeError(f"npu_dispatch: no row in {src / 'dispatch' / 'owned_ops.h'}")
+    return found
