@@ -67,6 +67,8 @@ def rows() -> tuple[OwnedOp, ...]:
         raise RuntimeError("npu_dispatch: csrc/dispatch/owned_ops.h not found beside the package")
     text = (src / "dispatch" / "owned_ops.h").read_text()
     found = tuple(OwnedOp(m[2], m[1] == "STOCK", m[3], m[4], m[5], m[6]) for m in _ROW.finditer(text))
-    if not found:
-        raise RuntimeError(f"npu_dispatch: no row in {src / 'dispatch' / 'owned_ops.h'}")
+    lines = sum(1 for line in text.splitlines() if line.startswith("NPU_DISPATCH_"))
+    if not found or len(found) != lines:
+        raise RuntimeError(f"npu_dispatch: {lines} rows in {src / 'dispatch' / 'owned_ops.h'}, {len(found)} of the "
+                           "one-line form NPU_DISPATCH_<STOCK|LIBRARY>_OP(id, kernel, wrapper, copy, \"schema\")")
     return found

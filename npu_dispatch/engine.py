@@ -272,7 +272,7 @@ def chunk_cat(
         ref = _reference([out])
         torch._chunk_cat(list(tensors), dim, num_chunks, out=ref[0])
     with _inside():
-        v = module.chunk_cat(list(tensors), dim, num_chunks, out, strict, bump, False)
+        v = module.chunk_cat(list(tensors), dim, num_chunks, out, strict=strict, bump=bump, mixed=False)
     _checked(op, v, stats, start)
     if ref is not None:
         _compare(op, [out], ref)
@@ -301,7 +301,8 @@ def chunk_cat_mixed_dtype(
         with _inside():
             torch.ops.fsdp.chunk_cat_mixed_dtype(list(tensors), dim, num_chunks, out=ref[0])
     with _inside():
-        v = module.chunk_cat(list(tensors), dim, num_chunks, out, strict, False, True)
+        # The op's own ADInplaceOrView kernel bumps out: nothing here does (mixed ignores bump).
+        v = module.chunk_cat(list(tensors), dim, num_chunks, out, strict=strict, bump=False, mixed=True)
     _checked(op, v, stats, start)
     if ref is not None:
         _compare(op, [out], ref)

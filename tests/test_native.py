@@ -562,7 +562,7 @@ def test_wide_vector_code_stays_in_the_per_isa_namespaces():
 
 def test_the_boundary_names_come_from_the_cpp_enums():
     names = _native.names()
-    # Report order, fast and off-fast paths, as the C++ count vector defines them.
+    # Report order, fast and off-fast paths, as C++ defines them (CallResult).
     assert nd.stats.paths() == names["paths"]
     assert set(names["fast_paths"]) | set(names["off_fast_paths"]) < set(names["paths"])
     assert not set(names["fast_paths"]) & set(names["off_fast_paths"])

@@ -37,9 +37,10 @@ std::vector<Fact> static_facts(const std::vector<std::string>& served) {
                      same ? row.schema : (op ? "found " + found.str() + ", kernels typed on " + row.schema : "no such op")});
     if (op) owned.push_back(name);
   }
-  const auto fc = find("aten::_foreach_copy_");
+  const std::string foreach_copy(kOwnedOps[kOpAtenForeachCopy].name());
+  const auto fc = find(foreach_copy);
   const bool inplace_kernel = fc && fc->hasKernelForDispatchKey(c10::DispatchKey::ADInplaceOrView);
-  facts.push_back({"no ADInplaceOrView kernel on aten::_foreach_copy_", fc.has_value() && !inplace_kernel,
+  facts.push_back({"no ADInplaceOrView kernel on " + foreach_copy, fc.has_value() && !inplace_kernel,
                    inplace_kernel ? "found one: its version bumps and the planner's would double"
                                   : "the planner moves the version counters, once per destination"});
   owned.insert(owned.end(), served.begin(), served.end());

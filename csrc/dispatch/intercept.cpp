@@ -26,15 +26,15 @@ namespace {
 
 const c10::DispatchKeySet kAfterBackendSelect(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::BackendSelect);
 
-// The one question every interception kernel asks: the scope to serve this call in, or nullptr
-// when the call goes on below unchanged (no mode entered, the planner's own stock call, or
-// tensors of a FakeTensor's execution, which are meta).
 // The owned op's handle, typed on its row's schema.
 template <typename Fn>
 c10::TypedOperatorHandle<Fn> handle(CountedOp op) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(std::string(kOwnedOps[op].name()).c_str(), "").typed<Fn>();
 }
 
+// The one question every interception kernel asks: the scope to serve this call in, or nullptr
+// when the call goes on below unchanged (no mode entered, the planner's own stock call, or
+// tensors of a FakeTensor's execution, which are meta).
 ModeScope* serving(const at::Tensor* first) {
   ModeScope* s = active_scope();
   if (s == nullptr || inside_planner() || (first != nullptr && first->is_meta())) return nullptr;
@@ -203,6 +203,10 @@ void install_interception(const std::vector<std::string>& served) {
   static std::mutex m;
   static std::set<int> done;
   std::lock_guard<std::mutex> g(m);
+  for (const auto& name : served) {
+    const auto row = owned_op(name);
+    TORCH_CHECK(row && kOwnedOps[*row].intercepted, "npu_dispatch: not an intercepted op (dispatch/owned_ops.h): ", name);
+  }
   for (int k = 0; k < kNumCountedOps; ++k) {
     const OwnedOp& row = kOwnedOps[k];
     const bool wanted = row.intercepted && (row.ns() == "aten" ||
@@ -252,7 +256,8 @@ void install_passthrough(const std::string& op_name, const std::string& overload
   const std::string key = op_name + "." + overload;
   if (!done.insert(key).second) return;
   const auto pos = op_name.find("::");
-  TORCH_CHECK(owned_op(op_name).has_value(), "npu_dispatch: not an owned op (dispatch/owned_ops.h): ", op_name);
+  const auto row = owned_op(op_name);
+  TORCH_CHECK(row && kOwnedOps[*row].intercepted, "npu_dispatch: not an owned op (dispatch/owned_ops.h): ", op_name);
   auto* lib = new torch::Library(torch::Library::IMPL, op_name.substr(0, pos), c10::DispatchKey::BackendSelect,
                                  __FILE__, __LINE__);
   const std::string name = overload.empty() ? op_name.substr(pos + 2) : op_name.substr(pos + 2) + "." + overload;

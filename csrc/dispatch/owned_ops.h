@@ -15,8 +15,8 @@
 //   kernel   the C++ kernel: the interception kernel (dispatch/intercept.cpp), the library op's
 //            backend kernel (dispatch/register.cpp), or python_kernel where the op keeps the
 //            Python kernel of npu_dispatch/ops.py on every backend
-//   wrapper  the Python function of npu_dispatch/engine.py (engine.HANDLERS) that serves the op
-//            under the debugging mode and from the library op's Python kernel
+//   wrapper  the key of the Python handler (npu_dispatch/engine.py HANDLERS) that serves the op
+//            under the debugging mode (read by Python only; C++ reads the kernel column)
 //   copy     which of FSDP2's copies the op makes: cast (the mixed-precision cast, or any foreach
 //            copy), copy_in (all-gather copy-in), copy_out (all-gather copy-out), chunk_cat
 //            (reduce-scatter copy-in)

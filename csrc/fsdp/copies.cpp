@@ -78,7 +78,7 @@ std::optional<CallResult> device_rows(const at::Tensor& src, c10::IntArrayRef si
 // all contiguous): the CPU kernel's pass (fsdp/copy_out_kernel.h) where the device's capability is a
 // host pass, else the planner; no capability, or a whole_list_only device (CUDA has stock kernels
 // of its own): nullopt.
-std::optional<CallResult> copy_out_pass(const at::Tensor& src, c10::IntArrayRef sizes, at::TensorList out,
+std::optional<CallResult> copy_out_served(const at::Tensor& src, c10::IntArrayRef sizes, at::TensorList out,
                                         int64_t outer, int64_t total, int64_t inner, bool strict, Kind* why) {
   const auto n = static_cast<int64_t>(out.size());
   int64_t nonempty = 0;
@@ -149,7 +149,7 @@ bool all_contiguous(at::TensorList a, at::TensorList b) {
 std::optional<CallResult> copy_out(const at::Tensor& src, c10::IntArrayRef sizes,
                                                           int64_t dim, at::TensorList out, bool strict, bool bump,
                                                           Kind* why) {
-  RECORD_FUNCTION("npu_dispatch::copy_out", std::vector<c10::IValue>());
+  RECORD_FUNCTION("npu_dispatch::split_with_sizes_copy", std::vector<c10::IValue>());
   const auto n = static_cast<int64_t>(out.size());
   *why = Kind::MayRaise;
   bool ok = plain_tensor(src) && src.dim() > 0 && n == static_cast<int64_t>(sizes.size());
@@ -191,7 +191,7 @@ std::optional<CallResult> copy_out(const at::Tensor& src, c10::IntArrayRef sizes
     *why = Kind::NotDense;
     return std::nullopt;
   }
-  auto counts = copy_out_pass(src, sizes, out, outer, total, inner, strict, why);
+  auto counts = copy_out_served(src, sizes, out, outer, total, inner, strict, why);
   if (counts && bump) {
     for (const auto& o : out) o.unsafeGetTensorImpl()->bump_version();
   }
@@ -373,7 +373,7 @@ void write_pass(const ChunkCatKernel& kernel, const ChunkCatLayout& layout, int6
   }
 }
 
-// A served chunk_cat's count vector, after its kernel counters and out's bump (with `bump`).
+// A served chunk_cat's result, after its kernel counters and out's bump (with `bump`).
 CallResult chunk_cat_served(int64_t pairs, const at::Tensor& out, int64_t passes, bool stream, bool bump) {
   ChunkCatKernel::count(pairs, static_cast<int64_t>(out.nbytes()), stream);
   if (bump) out.unsafeGetTensorImpl()->bump_version();
@@ -476,7 +476,7 @@ namespace npu_dispatch {
 
 std::optional<CallResult> chunk_cat_mixed(at::TensorList tensors, int64_t dim, int64_t num_chunks,
                                          const at::Tensor& out, bool strict, bool bump, Kind* why) {
-  RECORD_FUNCTION("npu_dispatch::chunk_cat_mixed", std::vector<c10::IValue>());
+  RECORD_FUNCTION("npu_dispatch::chunk_cat_mixed_dtype", std::vector<c10::IValue>());
   *why = Kind::MayRaise;
   const auto n = static_cast<int64_t>(tensors.size());
   if (n == 0 || !tensors[0].defined()) return std::nullopt;

@@ -25,7 +25,7 @@ struct InsidePlanner {
 
 // The one-pass plan over the whole list, one thread (a dispatched call's binding touches every tensor
 // on the calling thread around the copy, so checks on a second thread would only move those lines
-// between cores). Empty where the one-pass plan refuses the call (nothing written).
+// between cores). nullopt where the one-pass plan refuses the call (nothing written).
 std::optional<CallResult> one_pass_scan(at::TensorList dsts, at::TensorList srcs, bool bump, int64_t serial_moved_bytes) {
   const size_t n = dsts.size();
   const auto caps = current_capabilities();  // the one-pass plan keeps pointers into it

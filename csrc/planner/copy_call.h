@@ -22,7 +22,7 @@ namespace npu_dispatch {
 // planner's first pass, then the full plan against the capability table in force, and executes
 // (nothing when `strict` finds a fallback). Copies are issued below ADInplaceOrView; with `bump`,
 // each listed destination's version counter then moves once, as stock's in-place kernel does.
-// Returns the count vector of planner/execute.h. While it runs, the thread is inside_planner().
+// Returns the CallResult (planner/execute.h). While it runs, the thread is inside_planner().
 CallResult plan_and_run(at::TensorList dsts, at::TensorList srcs, bool non_blocking,
                                   bool strict, bool bump,
                                   int64_t serial_moved_bytes = kDispatchedSerialMovedBytes);
@@ -31,7 +31,7 @@ CallResult plan_and_run(at::TensorList dsts, at::TensorList srcs, bool non_block
 // all_gather_copy_in does it: narrow the output to this rank's slice, split it by the sizes, and
 // copy the inputs into the splits under no_grad (plan_and_run). Returns (slice, output), the slice a
 // view of the output; narrow and split raise stock's errors before anything is written.
-// `counts` receives the count vector.
+// `counts` receives its CallResult.
 std::tuple<at::Tensor, at::Tensor> all_gather_copy_in(at::TensorList inputs, const at::Tensor& out,
                                                       c10::IntArrayRef sizes, int64_t numel, int64_t rank,
                                                       CallResult* counts);

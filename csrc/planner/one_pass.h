@@ -81,7 +81,7 @@ class OnePass {
   };
   const std::vector<Group>& groups() const { return groups_; }
   // Copies every pair in one kernel pass (`serial_moved_bytes` as CpuCopyBatch::run); returns
-  // the count vector of planner/execute.h. No version counter moves here.
+  // the CallResult (planner/execute.h). No version counter moves here.
   CallResult run(int64_t serial_moved_bytes = kSerialMovedBytes);
 
  private:
@@ -137,7 +137,7 @@ class KernelRanges {
   at::RecordFunction kernel_{at::RecordScope::FUNCTION};
 };
 
-// The count vector (planner/execute.h) of a one-pass plan call (`groups` without empty ones), and the one-pass call
+// The CallResult (planner/execute.h) of a one-pass plan call (`groups` without empty ones), and the one-pass call
 // counter both passes move.
 CallResult one_pass_counts(int64_t runs, int64_t run_tensors, int64_t coalesced_bytes,
                            const std::vector<OnePass::Group>& groups, int64_t empty, const Capability& cap);

@@ -43,7 +43,7 @@ class OnePassCall {
                bool bump = true, int64_t serial_moved_bytes = kSerialMovedBytes);
   // After Prepared: copies (and bumps, as prepare() was told).
   void copy();
-  // After Copied, or Prepared and copy(): the count vector of planner/execute.h.
+  // After Copied, or Prepared and copy(): the CallResult (planner/execute.h).
   const CallResult& counts() const { return counts_; }
 
  private:

@@ -8,7 +8,7 @@
 // all before while the other waited for the copy.
 //
 // Same outcome as one OnePass over the whole list: the same calls refused, the same error
-// raised (on the calling thread) for the same pair, the same count vector, warnings issued in
+// raised (on the calling thread) for the same pair, the same CallResult, warnings issued in
 // pair order. Nothing is written unless every pair passes. One difference: the shares check
 // pairs one pass would not have reached, and StorageImpl::mutable_data's warning on a flagged
 // destination (a TORCH_WARN_ONCE, the only warning the checks can meet) met there comes out with
@@ -44,7 +44,7 @@ class ThreadedChecks {
   // above `max_region_bytes`, so run() copies them (after the caller drops the GIL), and the
   // caller bumps the versions. Copied: done, every destination's version counter moved once,
   // each after its bytes were written (the one-pass plan takes only destinations with a counter, so no
-  // bump can raise); counts() holds the count vector. Raises what OnePass::prepare raises for
+  // bump can raise); counts() holds the CallResult. Raises what OnePass::prepare raises for
   // the first such pair, as it would.
   Outcome prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* srcs, size_t n,
                   const CapabilityTable& caps, bool grad_check, int64_t max_region_bytes);

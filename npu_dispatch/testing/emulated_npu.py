@@ -154,8 +154,9 @@ def launches_by_op() -> Iterator[LaunchesByOp]:
 
     Yields a :class:`LaunchesByOp` filled as the block runs: ``{"cast": {...}, "copy_in": {...},
     ...}``, each a :func:`launches`-style dict, and ``.calls`` per label: the ``copy`` column of
-    the op table (csrc/dispatch/owned_ops.h), ``cast`` for a top-level ``aten._foreach_copy_``
-    (FSDP2's mixed-precision cast); launches of a nested op count in its caller. It is a TorchDispatchMode (every op of the block crosses into Python):
+    the op table (csrc/dispatch/owned_ops.h): ``cast`` for a top-level ``aten._foreach_copy_``
+    (FSDP2's mixed-precision cast) or its functional variant; launches of a nested op count in
+    its caller. It is a TorchDispatchMode (every op of the block crosses into Python):
     an accounting tool, not for timing.
     """
     from torch.utils._python_dispatch import TorchDispatchMode
