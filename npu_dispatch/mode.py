@@ -44,6 +44,9 @@ def _find(row) -> tuple:
 # npu_dispatch` should not pay. id(op) -> (op, handler or None where the op only passes through,
 # "namespace.name"): the debugging mode's table, keyed by id because OpOverload hashes in Python.
 _TABLE: dict = {}
+# The stock ops found in this torch for the op table's intercepted rows (default overloads), set by
+# _install.
+_INTERCEPTED: list = []
 # Why the interception kernels are not used in this process (empty: they are), set by _install.
 _NO_INTERCEPTION: list = []
 
@@ -92,6 +95,8 @@ def _install() -> None:
         op, why = _find(row)
         if op is None:
             continue
+        if row.intercepted:
+            _INTERCEPTED.append(op)
         if row.namespace == "aten":
             why = None  # its schema is a dispatcher fact (csrc/dispatch/dispatcher_facts.h)
         elif row.intercepted:
@@ -111,7 +116,7 @@ def _install() -> None:
         for name in passing:
             module.install_passthrough(name, "")
     else:
-        _install_no_native_counters([op for op in entries if op.namespace != "npu_dispatch"])
+        _install_no_native_counters(_INTERCEPTED)
     _TABLE.update({id(op): (op, h, f"{op.namespace}.{op._opname}") for op, h in entries.items()})
 
 
@@ -187,10 +192,9 @@ class _DebugMode(TorchDispatchMode):
         self._in_reach = module.in_reach_modes if module is not None else None
         self._marked = set()
         if module is not None:
-            for _, (op, _, name) in list(_TABLE.items()):
-                if op.namespace in ("aten", "fsdp") and op._overloadname == "default" and \
-                        module.install_in_reach_marker(f"{op.namespace}::{op._opname}"):
-                    self._marked.add(name)
+            for op in _INTERCEPTED:
+                if module.install_in_reach_marker(f"{op.namespace}::{op._opname}"):
+                    self._marked.add(f"{op.namespace}.{op._opname}")
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:

@@ -481,3 +481,30 @@ def one_pass_cases(draw, min_len=1, max_len=60):
         }[rogue]
     alias = [(draw(st.integers(0, n - 1)), draw(st.integers(0, n - 1)))] if draw(st.integers(0, 6)) == 0 else []
     return Case(tuple(pairs), draw(st.booleans()), draw(st.booleans()), tuple(alias), draw(st.integers(0, 2**31 - 1)))
+
+
+def run_side_by_side(commands: dict, folder, timeout: float) -> dict:
+    """``{name: CompletedProcess}`` for ``{name: argv}``, every process started at once (output to
+    files in ``folder``, so no pipe fills) and each killed if still running after ``timeout``."""
+    import subprocess
+
+    started = {}
+    try:
+        for name, argv in commands.items():
+            out, err = open(folder / f"{name}.out", "w+"), open(folder / f"{name}.err", "w+")
+            started[name] = (subprocess.Popen(argv, stdout=out, stderr=err, text=True), out, err)
+        for proc, _, _ in started.values():
+            proc.wait(timeout=timeout)
+    finally:
+        for proc, _, _ in started.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    done = {}
+    for name, (proc, out, err) in started.items():
+        out.seek(0)
+        err.seek(0)
+        done[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read())
+        out.close()
+        err.close()
+    return done

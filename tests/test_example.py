@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from cases import RS_COPY_IN
+from cases import RS_COPY_IN, run_side_by_side
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "examples", "fsdp_train.py")
 
@@ -23,28 +23,8 @@ _RUNS = {"json": ["--steps", "3", "--world-size", "2", "--json"], "verdict": ["-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """``{name: CompletedProcess}`` for each command line of _RUNS."""
-    tmp = tmp_path_factory.mktemp("example")
-    started = {}
-    try:
-        for name, args in _RUNS.items():
-            out, err = open(tmp / f"{name}.out", "w+"), open(tmp / f"{name}.err", "w+")
-            started[name] = (subprocess.Popen([sys.executable, EXAMPLE, *args], stdout=out, stderr=err, text=True),
-                             out, err)
-        for proc, _, _ in started.values():
-            proc.wait(timeout=600)
-    finally:
-        for proc, _, _ in started.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    done = {}
-    for name, (proc, out, err) in started.items():
-        out.seek(0)
-        err.seek(0)
-        done[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read())
-        out.close()
-        err.close()
-    return done
+    commands = {name: [sys.executable, EXAMPLE, *args] for name, args in _RUNS.items()}
+    return run_side_by_side(commands, tmp_path_factory.mktemp("example"), timeout=600)
 
 
 def test_fsdp2_training_is_bitwise_equal_after_every_step_and_takes_the_fast_path(runs):

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 from npu_dispatch.testing import emulated_npu
-from cases import RS_COPY_IN
+from cases import RS_COPY_IN, run_side_by_side
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "examples", "fsdp_train.py")
 
@@ -33,29 +32,10 @@ def trained(emulated, tmp_path_factory):
     """``{cann: (returncode, stdout, stderr)}``: the example's run for each CANN version, all started
     at once (each is a parent and two ranks, which leave cores idle at times), so the module takes
     less than their sum."""
-    tmp = tmp_path_factory.mktemp("npu_fsdp")
-    runs = {}
-    try:
-        for cann in CANNS:
-            out, err = open(tmp / f"{cann}.out", "w+"), open(tmp / f"{cann}.err", "w+")
-            proc = subprocess.Popen([sys.executable, EXAMPLE, "--device", "npu", "--emulate", "--cann", cann,
-                                     "--steps", "3", "--json"], stdout=out, stderr=err, text=True)
-            runs[cann] = (proc, out, err)
-        for proc, _, _ in runs.values():
-            proc.wait(timeout=900)
-    finally:
-        for proc, _, _ in runs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    done = {}
-    for cann, (proc, out, err) in runs.items():
-        out.seek(0)
-        err.seek(0)
-        done[cann] = (proc.returncode, out.read(), err.read())
-        out.close()
-        err.close()
-    return done
+    commands = {cann: [sys.executable, EXAMPLE, "--device", "npu", "--emulate", "--cann", cann, "--steps", "3",
+                       "--json"] for cann in CANNS}
+    done = run_side_by_side(commands, tmp_path_factory.mktemp("npu_fsdp"), timeout=900)
+    return {cann: (p.returncode, p.stdout, p.stderr) for cann, p in done.items()}
 
 
 def _train(trained, cann: str) -> dict:
