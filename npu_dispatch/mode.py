@@ -8,6 +8,7 @@ Python ``TorchDispatchMode`` (:class:`_DebugMode`), which every op of the block 
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -211,7 +212,7 @@ class _DebugMode(TorchDispatchMode):
         call was made (and ADInplaceOrView in reach, which the marker needs to see it)."""
         if op not in self._marked:
             return False
-        own = sum(1 for m in _entered() if m._entries and isinstance(m._entries[-1], _DebugMode))
+        own = sum(1 for m in _entered() if isinstance(m._backend, _DebugBackend))
         return self._in_reach() > own
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -259,7 +260,61 @@ def _free_scope(module, scope: int, stats: CopyStats) -> None:
     module.scope_free(scope)
 
 
-class NpuFastCopyMode:
+# ---- the three ways a mode serves its block, one chosen per mode ---------------------------------
+
+
+class _ScopeBackend:
+    """The default: a scope in c10::ThreadLocalDebugInfo, read by the C++ interception kernels
+    (csrc/dispatch/mode_scope.h). No Python on any op's path."""
+
+    def __init__(self, mode: "NpuFastCopyMode", module) -> None:
+        self.module = module
+        self.scope = module.scope_new()
+        # Counts still in C++ reach the stats before the scope goes, even when the mode object
+        # is dropped while its stats live on.
+        weakref.finalize(mode, _free_scope, module, self.scope, mode.stats)
+
+        def drain(stats, module=module, scope=self.scope):
+            _native.fold_counters(stats, module.scope_drain(scope))
+
+        mode.stats.add_source(drain)
+
+    def enter(self) -> None:
+        self.module.scope_enter(self.scope)
+
+    def exit(self, *exc) -> None:
+        self.module.scope_exit(self.scope)
+
+
+class _CountedBackend:
+    """Without the native library: stock runs every owned op, counted by the Python kernels of
+    _install_no_native_counters; nothing is pushed."""
+
+    def enter(self) -> None:
+        pass
+
+    def exit(self, *exc) -> None:
+        pass
+
+
+class _DebugBackend:
+    """``strict`` / ``verify``, or the interception refused in this process: a :class:`_DebugMode`
+    pushed per entry."""
+
+    def __init__(self, mode: "NpuFastCopyMode") -> None:
+        self.mode = mode
+        self.pushed: list = []  # one _DebugMode per entry, innermost last
+
+    def enter(self) -> None:
+        debug = _DebugMode(self.mode)
+        debug.__enter__()
+        self.pushed.append(debug)
+
+    def exit(self, *exc) -> None:
+        self.pushed.pop().__exit__(*exc)
+
+
+class NpuFastCopyMode(contextlib.ContextDecorator):
     """Serves the owned ops (``aten._foreach_copy_`` and FSDP2's copy ops; the rows of
     csrc/dispatch/owned_ops.h) with the library's planner inside a ``with`` block.
 
@@ -294,6 +349,10 @@ class NpuFastCopyMode:
     ``stats`` (:class:`npu_dispatch.CopyStats`) counts calls, pairs, bytes and device launches per
     op and path, and fallbacks by reason; ``stats.report()`` renders them. Entries nest; exit in
     the reverse order of entry, on the entering thread (``RuntimeError`` otherwise).
+
+    A mode is also a decorator (``contextlib.ContextDecorator``): ``@NpuFastCopyMode()`` on a
+    training step puts every call of it (forward, backward, optimizer step) under the one mode,
+    whose ``stats`` add up over the calls.
     """
 
     def __init__(self, strict: bool = False, verify: bool = False) -> None:
@@ -301,23 +360,14 @@ class NpuFastCopyMode:
         self.strict = bool(strict)
         self.verify = bool(verify)
         self.stats = CopyStats()
-        self._entries: list = []  # per entry: "scope", or the _DebugMode pushed
-        self._scope = None
-        self._native = _native.module()
-        if self._native is not None and not (self.strict or self.verify or _NO_INTERCEPTION):
-            self._scope = self._native.scope_new()
-            self._attach(self._native)
-
-    def _attach(self, module) -> None:
-        scope = self._scope
-        # Counts still in C++ reach the stats before the scope goes, even when the mode object
-        # is dropped while its stats live on.
-        weakref.finalize(self, _free_scope, module, scope, self.stats)
-
-        def drain(stats, module=module, scope=scope):
-            _native.fold_counters(stats, module.scope_drain(scope))
-
-        self.stats.add_source(drain)
+        self._depth = 0  # entries not yet exited
+        module = _native.module()
+        if module is None:
+            self._backend = _CountedBackend()
+        elif self.strict or self.verify or _NO_INTERCEPTION:
+            self._backend = _DebugBackend(self)
+        else:
+            self._backend = _ScopeBackend(self, module)
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -326,32 +376,19 @@ class NpuFastCopyMode:
         return True
 
     def __enter__(self) -> "NpuFastCopyMode":
-        if self._scope is not None:
-            self._native.scope_enter(self._scope)
-            self._entries.append("scope")
-        elif self._native is None:
-            # Nothing to plan or verify: stock runs every owned op (counted) and no Python mode
-            # is pushed.
-            self._entries.append("counted")
-        else:
-            debug = _DebugMode(self)
-            debug.__enter__()
-            self._entries.append(debug)
+        self._backend.enter()
+        self._depth += 1
         _entered().append(self)
         return self
 
     def __exit__(self, exc_type, exc_value, traceback):
-        if not self._entries:
+        if not self._depth:
             raise RuntimeError("NpuFastCopyMode exited more often than it was entered")
         modes = _entered()
         if not modes or modes[-1] is not self:
             raise RuntimeError("NpuFastCopyMode exited out of order: exit modes in the reverse order of entry, "
                                "on the thread that entered them")
-        entry = self._entries[-1]
-        if entry == "scope":
-            self._native.scope_exit(self._scope)
-        elif entry != "counted":
-            entry.__exit__(exc_type, exc_value, traceback)
-        self._entries.pop()
+        self._backend.exit(exc_type, exc_value, traceback)
+        self._depth -= 1
         modes.pop()
         return False

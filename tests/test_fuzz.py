@@ -29,7 +29,7 @@ from cases import _fill as fill
 
 CALLS = int(os.environ.get("NPU_DISPATCH_FUZZ_CALLS", "5000"))
 SEED = int(os.environ.get("NPU_DISPATCH_FUZZ_SEED", str(random.SystemRandom().randrange(1 << 31))))
-f32, bf16 = torch.float32, torch.bfloat16
+f32, bf16, f16 = torch.float32, torch.bfloat16, torch.float16
 
 
 @pytest.fixture(autouse=True)
@@ -300,8 +300,9 @@ def _chunk_cat_case(rng, mixed: bool):
     nc = rng.randint(1, 4)
     post = rng.choice([(), (), (2,), (3,)])
     rows = [rng.randint(1, 7) for _ in range(n)]
-    out_dt = rng.choice([f32, f32, bf16]) if not mixed else f32
-    in_dts = [rng.choice([bf16, f32]) for _ in range(n)] if mixed else [rng.choice([bf16, out_dt])] * n
+    out_dt = rng.choice([f32, f32, bf16, f16]) if not mixed else f32
+    # fp16 -> fp32: Ascend 910A's mixed precision (no bf16 there).
+    in_dts = [rng.choice([bf16, f16, f32]) for _ in range(n)] if mixed else [rng.choice([bf16, f16, out_dt])] * n
     bad = rng.random()
 
     def make(gen):

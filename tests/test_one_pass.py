@@ -76,6 +76,39 @@ def _two_storages_side_by_side():
     return [a, b], list(torch.arange(8.0).split(4))
 
 
+# Inference tensors as the rule takes them (csrc/planner/classify.h): an inference source is read as
+# any other; inside inference_mode an inference destination is written too (no version to move).
+# Builders run inside inference_mode when their name says so.
+INFERENCE = {
+    "inference_src": lambda: ([torch.zeros(4), torch.zeros(3)], [_inference_src(), torch.ones(3)]),
+    "inside_inference_dst": lambda: ([torch.zeros(4), torch.zeros(5)], [torch.ones(4), torch.full((5,), -0.0)]),
+    "inside_normal_dst_inference_src": lambda: ([_normal_zeros(4)], [torch.ones(4)]),
+}
+
+
+def _normal_zeros(n):
+    with torch.inference_mode(False):
+        return torch.zeros(n)
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("name", sorted(INFERENCE))
+def test_inference_tensors_take_the_one_pass_plan_as_stock_allows(name, entry):
+    inside = name.startswith("inside")
+
+    def outcome(fn):
+        with torch.inference_mode(inside):
+            dsts, srcs = INFERENCE[name]()
+            fn(dsts, srcs)
+        return [bits(d).tolist() for d in dsts], [None if d.is_inference() else d._version for d in dsts]
+
+    want = outcome(stock_copy)
+    nd.NpuFastCopyMode()  # the first one installs the kernels and checks a live call
+    before = one_pass_calls()
+    assert outcome(entry) == want
+    assert one_pass_calls() == before + 1
+
+
 # Calls the one-pass plan must refuse (builders return fresh (dsts, srcs) each time).
 REFUSED = {
     "src_is_a_dst": lambda: (lambda d: (d, [torch.ones(3), d[0]]))([torch.zeros(3), torch.zeros(3)]),
@@ -87,7 +120,6 @@ REFUSED = {
         torch.arange(48.0)),
     "broadcast_src": lambda: ([torch.zeros(2, 3)], [torch.ones(3)]),
     "transposed_dst": lambda: ([torch.zeros(3, 2).t()], [torch.ones(2, 3)]),
-    "inference_src": lambda: ([torch.zeros(4)], [_inference_src()]),
     "conj_src": lambda: ([torch.zeros(2, dtype=torch.complex64)], [torch.ones(2, dtype=torch.complex64).conj()]),
     "0dim_cast": lambda: ([torch.zeros((), dtype=bf16)], [torch.tensor(float("nan"))]),
     "int_to_float": lambda: ([torch.zeros(3)], [torch.arange(3, dtype=i32)]),

@@ -5,6 +5,7 @@
 #include <ATen/TensorIterator.h>
 #include <ATen/Version.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/stack.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
@@ -32,6 +33,9 @@ struct OpConfig {
 
 struct KernelConfig {
   std::array<OpConfig, kOps> ops{};
+  // The variant whose fp16 -> fp32 widening is ATen's copy kernel's (its TensorIterator loop, which
+  // stock's cat casts with: no FBGEMM split), checked against a strided copy_; nullptr: none.
+  const ConvertFns* iterator_f16_to_f32 = nullptr;
 };
 
 namespace {
@@ -212,6 +216,8 @@ bool CpuCopyBatch::dtype_op(at::ScalarType src, at::ScalarType dst, CopyOp* op, 
   *mergeable = !(*op == CopyOp::F16ToF32 && cfg.fbgemm_split);
   return true;
 }
+
+const ConvertFns* iterator_f16_to_f32_fns() { return published_config()->iterator_f16_to_f32; }
 
 const ConvertFns* CpuCopyBatch::fns(CopyOp op) const { return config_->ops[static_cast<int>(op)].fns; }
 
@@ -418,6 +424,38 @@ bool matches_stock(CopyOp op, const Config& trial) {
   return true;
 }
 
+// Whether `f` widens fp16 to fp32 as stock's copy_ into rows of a wider buffer does (ATen's copy
+// kernel, as cat's cast runs it; copy_'s FBGEMM path needs a contiguous destination): every fp16
+// value, in vector bodies and tails.
+bool matches_iterator_f16_to_f32(const ConvertFns& f) {
+  const auto opts = at::TensorOptions().device(at::kCPU);
+  const auto pat = f16ish_specials();
+  std::vector<at::Tensor> srcs;
+  for (int64_t len = 1; len <= 72; ++len) {
+    auto t = at::empty({len}, opts.dtype(at::kShort));
+    auto* p = static_cast<uint16_t*>(t.mutable_data_ptr());
+    for (int64_t k = 0; k < len; ++k) p[k] = pat[(k * 5 + len) % pat.size()];
+    srcs.push_back(t.view(at::kHalf));
+  }
+  auto all = at::empty({65536 + 37}, opts.dtype(at::kShort));
+  auto* p = static_cast<uint16_t*>(all.mutable_data_ptr());
+  for (int64_t k = 0; k < all.numel(); ++k) p[k] = static_cast<uint16_t>(k * 40503u);
+  srcs.push_back(all.view(at::kHalf));
+  for (const auto& s : srcs) {
+    const int64_t n = s.numel();
+    auto want = at::empty({2, n + 3}, opts.dtype(at::kFloat)).narrow(1, 0, n);
+    want.copy_(at::stack({s, s}));
+    auto got = at::empty({n}, opts.dtype(at::kFloat));
+    f.f16_to_f32(static_cast<const uint16_t*>(s.const_data_ptr()), static_cast<float*>(got.mutable_data_ptr()), n);
+    for (int64_t r = 0; r < 2; ++r) {
+      if (std::memcmp(want.select(0, r).contiguous().const_data_ptr(), got.const_data_ptr(), got.nbytes()) != 0) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
 const ConvertFns* capability_fns() {
   const std::string cap = at::get_cpu_capability();
   if (cap == "AVX512") return convert_fns_avx512();
@@ -478,6 +516,12 @@ std::vector<ConversionCheck> self_check() {
         cfg->ops[k] = c;
         break;
       }
+    }
+  }
+  for (const ConvertFns* f : {capability_fns(), hardware_f16c_fns()}) {
+    if (f != nullptr && matches_iterator_f16_to_f32(*f)) {
+      cfg->iterator_f16_to_f32 = f;
+      break;
     }
   }
   g_config.store(cfg, std::memory_order_release);

@@ -102,6 +102,10 @@ class CpuCopyBatch {
 // Checks every conversion against stock copy_ on this machine and enables only the exact ones.
 // Returns one flag per CopyOp (1 enabled) followed by the variant used (0 none, 1 DEFAULT,
 // 2 AVX2, 3 AVX512) and whether FBGEMM's split is emulated, per conversion.
+// The conversion variant whose fp16 -> fp32 widening is ATen's copy kernel's (TensorIterator's loop,
+// which stock's cat casts with), as self_check() found it; nullptr before it or where none matched.
+const ConvertFns* iterator_f16_to_f32_fns();
+
 // What self_check() found per conversion: whether the kernel matched stock, with which of ATen's
 // CPU capability variants ("none", "DEFAULT", "AVX2", "AVX512"), and whether fp16 conversions follow
 // FBGEMM's split of a tensor into a vector body and a scalar tail.

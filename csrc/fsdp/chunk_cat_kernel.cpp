@@ -9,21 +9,26 @@
 
 namespace npu_dispatch {
 
-bool ChunkCatKernel::init(c10::ScalarType in_dtype, c10::ScalarType out_dtype) {
+bool ChunkCatKernel::init(c10::ScalarType in_dtype, c10::ScalarType out_dtype, bool through_cat) {
   CpuCopyBatch kernel;
   CopyOp op;
   bool mergeable = false;
-  if (!kernel.dtype_op(in_dtype, out_dtype, &op, &mergeable) || !mergeable) return false;
+  if (!kernel.dtype_op(in_dtype, out_dtype, &op, &mergeable)) return false;
   if (op != CopyOp::Memcpy && op != CopyOp::BF16ToF32 && op != CopyOp::F16ToF32) {
     return false;  // a narrowing cast: stock's cat rounds it
+  }
+  const ConvertFns* f = kernel.fns(op);
+  if (!mergeable) {
+    // fp16 -> fp32 where copy_ splits it FBGEMM's way: cat's cast is ATen's copy kernel.
+    f = through_cat ? iterator_f16_to_f32_fns() : nullptr;
+    if (f == nullptr) return false;
   }
   oes_ = static_cast<int64_t>(c10::elementSize(out_dtype));
   cast_ = op != CopyOp::Memcpy;
   if (cast_) {
-    const ConvertFns& f = *kernel.fns(op);
     const bool bf16 = op == CopyOp::BF16ToF32;
-    widen_ = bf16 ? f.chunk_cat_bf16_to_f32 : f.chunk_cat_f16_to_f32;
-    widen_stream_ = bf16 ? f.chunk_cat_bf16_to_f32_stream : f.chunk_cat_f16_to_f32_stream;
+    widen_ = bf16 ? f->chunk_cat_bf16_to_f32 : f->chunk_cat_f16_to_f32;
+    widen_stream_ = bf16 ? f->chunk_cat_bf16_to_f32_stream : f->chunk_cat_f16_to_f32_stream;
   }
   return true;
 }

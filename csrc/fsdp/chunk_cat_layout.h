@@ -33,10 +33,12 @@ struct ChunkCatLayout {
 // where the bytes moved go past the cache. Any thread may write any split of out.
 class ChunkCatKernel {
  public:
-  // False where the CPU pass does not reproduce the pair's bits in every split: it writes only a
-  // byte copy and a widening cast the conversion table calls mergeable (stock's cat rounds a
-  // narrowing one).
-  bool init(c10::ScalarType in_dtype, c10::ScalarType out_dtype);
+  // False where the CPU pass does not reproduce the pair's bits in every split: it writes a byte
+  // copy or a widening cast (stock's cat rounds a narrowing one). `through_cat`: the inputs reach
+  // out through cat's cast into strided slices (ATen's copy kernel; _chunk_cat.out), so fp16
+  // widens as that kernel does; else through copy_ (a contiguous slice, chunk_cat_mixed_dtype's
+  // .to()), where only a cast the conversion table calls mergeable (no FBGEMM split) is taken.
+  bool init(c10::ScalarType in_dtype, c10::ScalarType out_dtype, bool through_cat);
   // Whether a pass moving this many bytes (read plus written) streams its stores.
   bool streams(int64_t moved_bytes) const;
   // out's elements [lo, hi); fenced when streamed.

@@ -123,18 +123,6 @@ std::optional<CallResult> copy_out_served(const at::Tensor& src, c10::IntArrayRe
   return device_rows(src, sizes, out, outer, total, inner, pairs, strict, why);
 }
 
-// Stock raises for an out= argument that requires grad (and records NotImplemented for a
-// non-leaf): such calls are stock's.
-bool needs_autograd(at::TensorList a, at::TensorList b) {
-  if (!c10::GradMode::is_enabled()) return false;
-  for (const auto l : {a, b}) {
-    for (const auto& t : l) {
-      if (t.requires_grad()) return true;
-    }
-  }
-  return false;
-}
-
 bool all_contiguous(at::TensorList a, at::TensorList b) {
   for (const auto l : {a, b}) {
     for (const auto& t : l) {
@@ -151,8 +139,17 @@ std::optional<CallResult> copy_out(const at::Tensor& src, c10::IntArrayRef sizes
                                                           Kind* why) {
   RECORD_FUNCTION("npu_dispatch::split_with_sizes_copy", std::vector<c10::IValue>());
   const auto n = static_cast<int64_t>(out.size());
+  // The rule for every tensor first (stock's autograd kernel raises for an out= argument that
+  // requires grad before its kernel checks anything), then stock's own checks.
+  const bool grad = c10::GradMode::is_enabled();
+  Refusal r = fast_route_tensor(src, false, grad);
+  for (int64_t i = 0; i < n && !r; ++i) r = fast_route_tensor(out[i], true, grad);
+  if (r) {
+    *why = r.kind;
+    return std::nullopt;
+  }
   *why = Kind::MayRaise;
-  bool ok = plain_tensor(src) && src.dim() > 0 && n == static_cast<int64_t>(sizes.size());
+  bool ok = src.dim() > 0 && n == static_cast<int64_t>(sizes.size());
   int64_t wrapped = 0, outer = 1, inner = 1, total = 0;
   if (ok) {
     ok = dim >= -src.dim() && dim < src.dim();
@@ -173,8 +170,7 @@ std::optional<CallResult> copy_out(const at::Tensor& src, c10::IntArrayRef sizes
     for (int64_t i = 0; i < n && ok; ++i) {
       want[wrapped] = sizes[i];
       const auto& o = out[i];
-      ok = plain_tensor(o) && o.scalar_type() == src.scalar_type() && o.device() == src.device() &&
-           o.sizes() == c10::IntArrayRef(want);
+      ok = o.scalar_type() == src.scalar_type() && o.device() == src.device() && o.sizes() == c10::IntArrayRef(want);
       if (ok && o.numel() > 0) written.push_back(contiguous_span(o));
     }
     if (ok && writes_overlap(written, {contiguous_span(src)})) {
@@ -183,10 +179,6 @@ std::optional<CallResult> copy_out(const at::Tensor& src, c10::IntArrayRef sizes
     }
   }
   if (!ok) return std::nullopt;
-  if (needs_autograd({src}, out)) {
-    *why = Kind::RequiresGrad;
-    return std::nullopt;
-  }
   if (!all_contiguous({src}, out)) {
     *why = Kind::NotDense;
     return std::nullopt;
@@ -210,18 +202,18 @@ struct ChunkCheck {
   int64_t dim, wrapped, nd0, num_chunks, pre;
   c10::IntArrayRef lead;  // t0's sizes before dim: every input's
   Span out_span;
-  c10::DispatchKeySet refused_keys;
 };
 
 // The checks of a run of inputs and what they found.
 struct ChunkScan {
-  bool refused = false;  // a tensor stock may raise on or this pass does not take: the call is stock's
-  bool grad = false, contiguous = true, aliased = false;
+  // The first tensor the rule refuses (its reason), or one stock may raise on or this pass does
+  // not take (may_raise): the call is stock's.
+  Kind refused = Kind::None;
+  bool contiguous = true, aliased = false;
   int64_t width = 0, in_numel = 0, pairs = 0;
 
   void add(const ChunkScan& o) {
-    refused = refused || o.refused;
-    grad = grad || o.grad;
+    if (refused == Kind::None) refused = o.refused;
     contiguous = contiguous && o.contiguous;
     aliased = aliased || o.aliased;
     width += o.width, in_numel += o.in_numel, pairs += o.pairs;
@@ -230,8 +222,7 @@ struct ChunkScan {
 
 // Stock's preconditions and the layout of inputs [k0, k1): their sources, at offsets counted from
 // the first of them. Each tensor's fields are read from its TensorImpl directly, without the
-// accessors' policy checks and virtual has_storage (a per-tensor cost that a long list multiplies);
-// plain_tensor()'s dtype and meta tests are the list's (t0's dtype, out's device). Stops at the
+// accessors' policy checks; the rule's tensor half (planner/classify.h) for each. Stops at the
 // first tensor refused; never throws (it may run on a worker that another thread waits for).
 ChunkScan scan_chunks(at::TensorList tensors, int64_t k0, int64_t k1, const ChunkCheck& c, ChunkSource* sources) {
   ChunkScan s;
@@ -239,10 +230,13 @@ ChunkScan scan_chunks(at::TensorList tensors, int64_t k0, int64_t k1, const Chun
     for (int64_t k = k0; k < k1; ++k) {
       const auto& t = tensors[k];
       const c10::TensorImpl* ti = t.unsafeGetTensorImpl();
-      if (!t.defined() || ti->key_set().has_any(c.refused_keys) || t.layout() != at::kStrided ||
-          !has_version_counter(t) || ti->dtype() != c.meta || ti->numel() == 0 ||
-          ti->device_type() != c.device.type() || (!c.on_cpu && t.device() != c.device) || !ti->unsafe_storage()) {
-        s.refused = true;
+      if (const Refusal r = fast_route_tensor(*ti, false, c.grad_mode)) {
+        s.refused = r.kind;
+        return s;
+      }
+      if (ti->dtype() != c.meta || ti->numel() == 0 || ti->device_type() != c.device.type() ||
+          (!c.on_cpu && t.device() != c.device) || !ti->unsafe_storage()) {
+        s.refused = Kind::MayRaise;
         return s;
       }
       // A negative dim needs every tensor of t0's ndim (stock wraps it by that), a non-negative one
@@ -252,7 +246,7 @@ ChunkScan scan_chunks(at::TensorList tensors, int64_t k0, int64_t k1, const Chun
       bool same_lead = c.dim < 0 ? nd == c.nd0 : c.wrapped < nd;
       for (int64_t d = 0; same_lead && d < c.wrapped; ++d) same_lead = sizes[d] == c.lead[d];
       if (!same_lead) {
-        s.refused = true;
+        s.refused = Kind::MayRaise;
         return s;
       }
       const int64_t rows = sizes[c.wrapped];
@@ -260,7 +254,6 @@ ChunkScan scan_chunks(at::TensorList tensors, int64_t k0, int64_t k1, const Chun
       for (int64_t d = c.wrapped + 1; d < nd; ++d) post *= sizes[d];
       const int64_t chunk =
           c.pow2 ? (rows + c.num_chunks - 1) >> c.shift : (rows + c.num_chunks - 1) / c.num_chunks;
-      s.grad = s.grad || (c.grad_mode && ti->autograd_meta() != nullptr && t.requires_grad());  // no call for most
       s.contiguous = s.contiguous && ti->is_contiguous();
       const auto start = reinterpret_cast<int64_t>(ti->unsafe_storage().data()) + ti->storage_offset() * c.elem;
       const int64_t end = start + ti->numel() * c.elem;
@@ -274,7 +267,7 @@ ChunkScan scan_chunks(at::TensorList tensors, int64_t k0, int64_t k1, const Chun
       s.pairs += c.pre * (rows > (c.num_chunks - 1) * chunk ? c.num_chunks : (rows + chunk - 1) / chunk);
     }
   } catch (...) {  // a tensor whose sizes cannot be read plainly (symbolic): stock's
-    s.refused = true;
+    s.refused = Kind::MayRaise;
   }
   return s;
 }
@@ -284,7 +277,7 @@ ChunkScan scan_chunks(at::TensorList tensors, int64_t k0, int64_t k1, const Chun
 // every tensor's (the device's capability, the kernel's dtype pair).
 std::optional<Kind> chunk_refusal(const ChunkScan& s, const at::Tensor& out, const ChunkCheck& c, bool cast_ok,
                                   std::optional<Kind> late) {
-  if (s.refused) return Kind::MayRaise;
+  if (s.refused != Kind::None) return s.refused;
   const auto os = out.sizes();
   const auto nl = static_cast<int64_t>(c.lead.size());
   bool shape = static_cast<int64_t>(os.size()) == nl + 2 && os[nl] == c.num_chunks && os[nl + 1] == s.width;
@@ -292,9 +285,6 @@ std::optional<Kind> chunk_refusal(const ChunkScan& s, const at::Tensor& out, con
   if (!shape) return Kind::MayRaise;
   if (s.aliased) return Kind::Aliasing;
   if (!cast_ok) return Kind::Dtype;
-  // Stock raises for an out= argument that requires grad (and records NotImplemented for a
-  // non-leaf): such calls are stock's.
-  if (s.grad) return Kind::RequiresGrad;
   if (!s.contiguous) return Kind::NotDense;
   return late;
 }
@@ -325,21 +315,21 @@ ChunkCheck chunk_check(const at::Tensor& t0, const at::Tensor& out, int64_t dim,
                num_chunks,
                1,
                t0.sizes().slice(0, wrapped),
-               contiguous_span(out),  // only out is written: inputs may overlap each other, not out
-               subclass_or_lazy_keys()};
+               contiguous_span(out)};  // only out is written: inputs may overlap each other, not out
   for (const int64_t s : c.lead) c.pre *= s;
   return c;
 }
 
-// The call-level preconditions before any tensor is read: num_chunks bounded so that
-// (size + num_chunks - 1) cannot overflow, a plain out, a dim within t0's dims (past them stock
-// raises for t0, and the check's lead holds only t0's sizes).
-bool chunk_call_ok(at::TensorList tensors, int64_t dim, int64_t num_chunks, const at::Tensor& out) {
-  if (tensors.empty() || !tensors[0].defined() || num_chunks < 1 || num_chunks > (int64_t{1} << 40) || !plain_tensor(out)) {
-    return false;
-  }
+// The call-level preconditions before any input is read: the rule for out, num_chunks bounded so
+// that (size + num_chunks - 1) cannot overflow, a dim within t0's dims (past them stock raises for
+// t0, and the check's lead holds only t0's sizes). Kind::None where they hold.
+Kind chunk_call_refusal(at::TensorList tensors, int64_t dim, int64_t num_chunks, const at::Tensor& out,
+                        bool grad_mode) {
+  if (tensors.empty() || !tensors[0].defined()) return Kind::MayRaise;
+  if (const Refusal r = fast_route_tensor(out, true, grad_mode)) return r.kind;
   const int64_t nd0 = tensors[0].dim();
-  return nd0 > 0 && dim >= -nd0 && dim < nd0;
+  const bool ok = num_chunks >= 1 && num_chunks <= (int64_t{1} << 40) && nd0 > 0 && dim >= -nd0 && dim < nd0;
+  return ok ? Kind::None : Kind::MayRaise;
 }
 
 // One dtype, or a widening float cast: any other cast is cat_out's to check (it refuses what
@@ -391,18 +381,22 @@ std::optional<CallResult> chunk_cat(at::TensorList tensors, int64_t dim, int64_t
   RECORD_FUNCTION("npu_dispatch::chunk_cat", std::vector<c10::IValue>());
   (void)strict;  // every call served is one kernel pass: nothing for strict to refuse
   const auto n = static_cast<int64_t>(tensors.size());
+  const bool grad_mode = c10::GradMode::is_enabled();
+  *why = chunk_call_refusal(tensors, dim, num_chunks, out, grad_mode);
+  if (*why != Kind::None) return std::nullopt;
   *why = Kind::MayRaise;
-  if (!chunk_call_ok(tensors, dim, num_chunks, out)) return std::nullopt;
   const auto& t0 = tensors[0];
   const auto in_dt = t0.scalar_type(), out_dt = out.scalar_type();
   if (!copy_dtype(in_dt)) return std::nullopt;
-  const ChunkCheck c = chunk_check(t0, out, dim, num_chunks, c10::GradMode::is_enabled());
+  const ChunkCheck c = chunk_check(t0, out, dim, num_chunks, grad_mode);
   const bool cast_ok = widening_or_same(in_dt, out_dt);
   ChunkCatKernel kernel;
   std::optional<Kind> late = no_host_pass(c.device);
-  if (!late && !kernel.init(in_dt, out_dt)) late = Kind::Dtype;
+  // cat copies each input into a slice of out; where that slice is contiguous (one input, or one
+  // row of out), its cast is copy_'s (FBGEMM's split for fp16), not ATen's copy kernel's.
+  const bool strided_slices = n > 1 && c.pre * num_chunks > 1;
+  if (!late && !kernel.init(in_dt, out_dt, /*through_cat=*/strided_slices)) late = Kind::Dtype;
   ChunkScan scan;  // out's part of the findings
-  scan.grad = c.grad_mode && out.requires_grad();
   scan.contiguous = out.is_contiguous();
   ChunkCatLayout layout{nullptr, c.pre, num_chunks, 0, in_dt, out_dt, std::vector<ChunkSource>(n)};
   ChunkSource* const sources = layout.sources.data();
@@ -484,7 +478,10 @@ std::optional<CallResult> chunk_cat_mixed(at::TensorList tensors, int64_t dim, i
   for (const auto& t : tensors) mixed = mixed || !t.defined() || t.scalar_type() != tensors[0].scalar_type();
   // One dtype: upstream's kernel is _chunk_cat.out itself.
   if (!mixed) return chunk_cat(tensors, dim, num_chunks, out, strict, bump, /*split_checks=*/false, why);
-  if (!chunk_call_ok(tensors, dim, num_chunks, out)) return std::nullopt;
+  // Upstream's op runs below autograd (it has no autograd kernel): no out= autograd check.
+  *why = chunk_call_refusal(tensors, dim, num_chunks, out, /*grad_mode=*/false);
+  if (*why != Kind::None) return std::nullopt;
+  *why = Kind::MayRaise;
   const auto out_dt = out.scalar_type();
   // Upstream casts each input to out's dtype, then runs _chunk_cat.out, all below autograd (its
   // op has no autograd kernel): no out= autograd check, so grad_mode is off here.
@@ -498,10 +495,10 @@ std::optional<CallResult> chunk_cat_mixed(at::TensorList tensors, int64_t dim, i
   ChunkScan scan;
   scan.contiguous = out.is_contiguous();
   std::vector<ChunkSource> sources(n);
-  for (int64_t k = 0; k < n && !scan.refused; ++k) {
+  for (int64_t k = 0; k < n && scan.refused == Kind::None; ++k) {
     const auto& t = tensors[k];
     if (!t.defined()) {
-      scan.refused = true;
+      scan.refused = Kind::MayRaise;
       break;
     }
     const auto dt = t.scalar_type();
@@ -509,7 +506,7 @@ std::optional<CallResult> chunk_cat_mixed(at::TensorList tensors, int64_t dim, i
       dtypes.push_back(dt);
       kernels.emplace_back();
       cast_ok = cast_ok && copy_dtype(dt) && widening_or_same(dt, out_dt);
-      if (!late && cast_ok && !kernels.back().init(dt, out_dt)) late = Kind::Dtype;
+      if (!late && cast_ok && !kernels.back().init(dt, out_dt, /*through_cat=*/false)) late = Kind::Dtype;
     }
     c.meta = t.dtype();
     c.elem = static_cast<int64_t>(t.dtype().itemsize());

@@ -42,13 +42,6 @@ struct CallResult {
   int64_t& reason(Kind k) { return reasons[static_cast<int>(k)]; }
 };
 
-// Whether stock's copy of the pair moves dst's version counter (when bumps apply at all). Inside
-// inference mode stock bumps a pair only when one of its tensors is not inference-keyed, so a
-// destination with a counter but inference keys stays put with an inference source.
-inline bool stock_bumps_pair(const at::Tensor& dst, const at::Tensor& src, bool in_inference) {
-  return has_version_counter(dst) && (!in_inference || !dst.is_inference() || !src.is_inference());
-}
-
 // The one builder of the result of a call handed to stock whole before any plan ran, for `why`
 // (its pairs are that reason's, one launch each): the interception's passthrough, the lazy-bit
 // lists, the FSDP copies that stay stock's. `bumped`: stock's call made the version bumps.

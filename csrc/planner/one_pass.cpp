@@ -15,18 +15,6 @@ namespace {
 
 std::atomic<int64_t> g_one_pass_calls{0};
 
-// The key set every ordinary CPU tensor outside inference mode carries (c10::TensorImpl's
-// constructor: backend, autograd and autocast keys). Anything more or less (Python key, conj or
-// neg bit, nested, sparse, mkldnn, quantized, meta, functional or batched wrapper, inference
-// tensor) makes the set differ, and the planner decides.
-c10::DispatchKeySet plain_cpu_keys() {
-  static const c10::DispatchKeySet ks =
-      c10::DispatchKeySet(c10::DispatchKey::CPU) |
-      c10::getAutogradRelatedKeySetFromBackend(c10::BackendComponent::CPUBit) |
-      c10::getAutocastRelatedKeySetFromBackend(c10::BackendComponent::CPUBit);
-  return ks;
-}
-
 constexpr size_t kAheadTensors = 8, kAheadStorages = 4;
 
 void prefetch_tensor(const c10::TensorImpl* t) {
@@ -72,7 +60,6 @@ bool OnePass::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* srcs
   cap_ = caps.get(c10::DeviceType::CPU);
   // A whole_list_only entry (a test making CPU follow CUDA's rules): the planner decides.
   if (cap_ == nullptr || cap_->whole_list) return false;
-  const auto plain = plain_cpu_keys();
   dst_spans_.reserve(n);
   src_spans_.reserve(n);
   batch_.reserve(n);
@@ -94,41 +81,23 @@ bool OnePass::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* srcs
     }
     c10::TensorImpl* d = dsts[i];
     const c10::TensorImpl* s = srcs[i];
-    if (d->key_set() != plain || s->key_set() != plain) return false;
-    // A destination without a version counter (an inference tensor given a new `.data`) keeps
-    // plain keys: stock's bump raises at that pair outside inference mode. The planner decides.
-    if (!d->version_counter().enabled()) return false;
-    // Only a tensor with autograd metadata can require grad (an out-of-line call).
-    if (grad_check && ((d->autograd_meta() != nullptr && d->requires_grad()) ||
-                       (s->autograd_meta() != nullptr && s->requires_grad()))) {
-      return false;
-    }
-    const auto dt = d->dtype().toScalarType();
-    const auto st = s->dtype().toScalarType();
-    if (st != last_s || dt != last_d) {
-      if (!copy_dtype(st) || !copy_dtype(dt)) return false;
-      if (!batch_.dtype_op(st, dt, &op, &mergeable) || !cap_->supports(st, dt)) return false;
-      last_s = st;
-      last_d = dt;
-    }
-    // Broadcasting sources and other shapes: the planner (and stock's messages).
-    const auto dsz = d->sizes();
-    const auto ssz = s->sizes();
-    if (dsz.size() != ssz.size()) return false;
-    for (size_t k = 0; k < dsz.size(); ++k) {
-      if (dsz[k] != ssz[k]) return false;
-    }
-    const int64_t numel = d->numel();
-    if (numel == 0) {
-      // Stock's copy_ asks for an empty destination's pointer too: where that would raise or
-      // materialize, the planner sends the call to stock's loop, which does as stock does.
-      if (!d->unsafe_storage() || mutable_data_refused(d->unsafe_storage())) return false;
+    // CPU pairs only, where the rule puts them on the fast route to the CPU pass, contiguous;
+    // anything else is the planner's.
+    if (d->device_type() != c10::DeviceType::CPU || s->device_type() != c10::DeviceType::CPU) return false;
+    const PairClass c = classify_pair(*d, *s, caps, grad_check);
+    if (c.route == Route::Empty) {
       ++empty_;
       continue;
     }
-    if (!d->is_contiguous() || !s->is_contiguous()) return false;
-    // A 0-dim conversion: the planner sends the whole call to stock's loop (order_dependent).
-    if (op != CopyOp::Memcpy && dsz.empty()) return false;
+    if (c.route != Route::Fast || !c.batched || !c.contiguous) return false;
+    const auto dt = d->dtype().toScalarType();
+    const auto st = s->dtype().toScalarType();
+    if (st != last_s || dt != last_d) {
+      if (!batch_.dtype_op(st, dt, &op, &mergeable)) return false;
+      last_s = st;
+      last_d = dt;
+    }
+    const int64_t numel = d->numel();
     const c10::Storage& dst_storage = d->unsafe_storage();
     const c10::Storage& src_storage = s->unsafe_storage();
     if (!dst_storage || !src_storage) return false;

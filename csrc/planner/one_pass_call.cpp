@@ -1,5 +1,9 @@
 #include "planner/one_pass_call.h"
 
+#include <c10/core/InferenceMode.h>
+
+#include "planner/classify.h"
+
 
 namespace npu_dispatch {
 
@@ -69,12 +73,15 @@ void OnePassCall::copy() {
   bump_all();
 }
 
-// One bump per listed destination, as stock's in-place op (the one-pass plan took only destinations
-// with a version counter).
+// Each listed destination's bump, as stock's in-place op moves it (planner/classify.h
+// stock_bumps_pair: inside inference mode, not a pair of two inference tensors).
 void OnePassCall::bump_all() {
   if (!bump_) return;
   c10::TensorImpl* const* d = impls_->data();
-  for (size_t i = 0; i < n_; ++i) d[i]->bump_version();
+  const bool in_inference = c10::InferenceMode::is_enabled();
+  for (size_t i = 0; i < n_; ++i) {
+    if (stock_bumps_pair(*d[i], *d[n_ + i], in_inference)) d[i]->bump_version();
+  }
 }
 
 }  // namespace npu_dispatch

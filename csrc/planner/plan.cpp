@@ -5,9 +5,6 @@
 #include "planner/spans.h"
 #include "cpu/storage_write.h"
 
-#include <ATen/MemoryOverlap.h>
-#include <ATen/native/ForeachUtils.h>
-#include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
 
@@ -18,104 +15,6 @@
 
 namespace npu_dispatch {
 namespace {
-
-c10::DispatchKeySet wrapper_keys() {
-  static const c10::DispatchKeySet ks({
-      c10::DispatchKey::Python,
-      c10::DispatchKey::PythonTLSSnapshot,
-      c10::DispatchKey::Functionalize,
-      c10::DispatchKey::FuncTorchBatched,
-      c10::DispatchKey::FuncTorchGradWrapper,
-      c10::DispatchKey::BatchedNestedTensor,
-      c10::DispatchKey::ZeroTensor,
-  });
-  return ks;
-}
-
-// Tensors with a __torch_dispatch__ of their own (the Python key: DTensor,
-// FakeTensor...) to stock; a Parameter or a __torch_function__-only subclass is a plain tensor.
-// Wrapper tensors (functional, batched, zero, nested) too: they have no raw memory to write, or
-// copy_ would change their metadata too.
-}  // namespace
-
-// is_subclass's keys: a wrapper's and a nested tensor's.
-c10::DispatchKeySet subclass_keys() {
-  static const c10::DispatchKeySet ks = wrapper_keys() | c10::DispatchKeySet(c10::DispatchKey::NestedTensor);
-  return ks;
-}
-
-bool is_subclass(const at::Tensor& t) { return !t.defined() || t.key_set().has_any(subclass_keys()); }
-
-c10::DispatchKeySet subclass_or_lazy_keys() {
-  static const c10::DispatchKeySet ks =
-      subclass_keys() | c10::DispatchKeySet({c10::DispatchKey::Conjugate, c10::DispatchKey::Negative});
-  return ks;
-}
-
-namespace {
-
-// Storage-less strided tensors (lazy, XLA) have no address to compare. has_storage() is a
-// virtual call, so skip it where every strided tensor has one.
-bool addressable(const at::Tensor& t) {
-  switch (t.device().type()) {
-    case c10::DeviceType::CPU:
-    case c10::DeviceType::CUDA:
-    case c10::DeviceType::PrivateUse1:
-      return true;
-    default:
-      return t.has_storage();
-  }
-}
-
-// Dense: contiguous in some dim order.
-bool dense(const at::Tensor& t) {
-  if (t.is_contiguous() || t.is_contiguous(at::MemoryFormat::ChannelsLast)) {
-    return true;
-  }
-  c10::SmallVector<std::pair<int64_t, int64_t>, 8> dims;
-  const auto sizes = t.sizes();
-  const auto strides = t.strides();
-  for (size_t k = 0; k < sizes.size(); ++k) {
-    if (sizes[k] != 1) {
-      dims.emplace_back(strides[k], sizes[k]);
-    }
-  }
-  std::sort(dims.begin(), dims.end());
-  int64_t expected = 1;
-  for (const auto& [st, sz] : dims) {
-    if (st != expected) {
-      return false;
-    }
-    expected *= sz;
-  }
-  return true;
-}
-
-bool same_strides(const at::Tensor& d, const at::Tensor& s) {
-  const auto sizes = d.sizes();
-  const auto ds = d.strides();
-  const auto ss = s.strides();
-  for (size_t k = 0; k < sizes.size(); ++k) {
-    if (sizes[k] != 1 && ds[k] != ss[k]) {
-      return false;
-    }
-  }
-  return true;
-}
-
-// torch.broadcast_shapes(src, dst) == dst
-bool broadcasts_to(c10::IntArrayRef src, c10::IntArrayRef dst) {
-  if (src.size() > dst.size()) {
-    return false;
-  }
-  const size_t off = dst.size() - src.size();
-  for (size_t k = 0; k < src.size(); ++k) {
-    if (src[k] != dst[off + k] && src[k] != 1) {
-      return false;
-    }
-  }
-  return true;
-}
 
 int64_t span_bytes(const at::Tensor& t) {
   int64_t span = 0;
@@ -148,7 +47,7 @@ struct Interval {
 
 struct PairInfo {
   int64_t dptr = 0, sptr = 0;
-  bool ddense = false;
+  bool batched = false;  // PairClass::batched
 };
 
 class Planner {
@@ -171,62 +70,28 @@ class Planner {
     for (int64_t i = 0; i < plan_.n; ++i) {
       const auto& d = dsts_[i];
       const auto& s = srcs_[i];
-      if (is_subclass(d)) return stock(Kind::Subclass, i, 0);
-      if (is_subclass(s)) return stock(Kind::Subclass, i, 1);
-      if (d.layout() != at::kStrided) return stock(Kind::Layout, i, 0);
-      if (s.layout() != at::kStrided) return stock(Kind::Layout, i, 1);
-      const auto dd = d.device();
-      const auto sd = s.device();
-      if (dd.is_meta() || sd.is_meta()) return stock(Kind::Meta, i, 0);
-      // Storage-less strided tensors (lazy/XLA) cannot be addressed: they cannot be planned.
-      if (!addressable(d)) return stock(Kind::NoStorage, i, 0);
-      if (!addressable(s)) return stock(Kind::NoStorage, i, 1);
-      if (!copy_dtype(d.scalar_type()) || !copy_dtype(s.scalar_type())) {
-        return stock(Kind::MayRaise, i, 2);
-      }
-      // An inference tensor, or one given a new `.data` after being made in inference mode
-      // (plain keys, no version counter): stock's bump raises at that pair, after its write.
-      if (!has_version_counter(d) && !c10::InferenceMode::is_enabled()) {
-        return stock(Kind::MayRaise, i, 3);
-      }
-      Kind reason = Kind::None;
-      int8_t sub = 0;
-      if (d.sizes() != s.sizes()) {
-        if (!broadcasts_to(s.sizes(), d.sizes())) return stock(Kind::MayRaise, i, 0);
-        reason = Kind::Broadcast;
-      }
-      if (d.dim() == 0 && d.scalar_type() != s.scalar_type() && dd.is_cpu()) {
-        return stock(Kind::OrderDependent, i, 0);
-      }
-      if (d.numel() == 0) {
-        // Stock's copy_ asks for even an empty destination's mutable pointer; its
-        // loop takes a call where that raises or materializes.
-        if (!d.has_storage() || mutable_data_refused(d.storage())) return stock(Kind::MayRaise, i, 4);
+      const PairClass c = classify_pair(d, s, caps_);
+      if (c.route == Route::Stock) return stock(c.why.kind, i, c.why.sub);
+      if (c.route == Route::Empty) {
         plan_.empty.push_back(i);
         continue;
-      }
-      auto& pi = info_[i];
-      pi.ddense = d.is_contiguous() || dense(d);
-      if (!pi.ddense && at::has_internal_overlap(d) == at::MemOverlap::Yes) {
-        return stock(Kind::MayRaise, i, 1);
       }
       // Addresses as they are now, as const_data_ptr() reads them: planning materializes no
       // copy-on-write destination (the copy will). Such a destination still shares memory with
       // its sibling, so the comparisons below see an overlap where the copy would not: stock's
       // loop then takes the call, which is never wrong.
+      auto& pi = info_[i];
       pi.dptr = reinterpret_cast<int64_t>(d.const_data_ptr());
       pi.sptr = reinterpret_cast<int64_t>(s.const_data_ptr());
-      dst_iv_.push_back({device_rank(dd), pi.dptr, pi.dptr + span_bytes(d), i, true});
+      pi.batched = c.batched;
+      dst_iv_.push_back({device_rank(d.device()), pi.dptr, pi.dptr + span_bytes(d), i, true});
       if (s.numel() != 0) {
-        src_iv_.push_back({device_rank(sd), pi.sptr, pi.sptr + span_bytes(s), i, false});
+        src_iv_.push_back({device_rank(s.device()), pi.sptr, pi.sptr + span_bytes(s), i, false});
       }
-      if (reason == Kind::None) {
-        reason = off_fast_route(d, s, pi.ddense, &sub);
-      }
-      if (reason == Kind::None) {
+      if (c.route == Route::Fast) {
         fast.push_back(i);
       } else {
-        plan_.fallback.push_back({i, reason, sub});
+        plan_.fallback.push_back({i, c.why.kind, c.why.sub});
       }
     }
     if (first_overlap()) {
@@ -291,7 +156,8 @@ class Planner {
     const int64_t n = plan_.n;
     for (int64_t k = 0; k < 2 * n; ++k) {
       const auto& t = k < n ? dsts_[k] : srcs_[k - n];
-      if (is_subclass(t) || t.layout() != at::kStrided || t.device().is_meta()) return nullptr;
+      const Kind k_why = tensor_refusal(*t.unsafeGetTensorImpl(), k < n).kind;
+      if (k_why == Kind::Subclass || k_why == Kind::Layout || k_why == Kind::Meta) return nullptr;
       if (found == nullptr) {
         const Capability* cap = caps_.get(t.device().type());
         if (cap != nullptr && cap->whole_list) {
@@ -314,8 +180,7 @@ class Planner {
       if (d.device() != dev || s.device() != dev || d.scalar_type() != ddt || s.scalar_type() != sdt) {
         return false;
       }
-      if (d.sizes() != s.sizes() || !same_strides(d, s)) return false;
-      if (!dense(d) || !dense(s)) return false;
+      if (!same_layout(*d.unsafeGetTensorImpl(), *s.unsafeGetTensorImpl())) return false;
     }
     return true;
   }
@@ -336,26 +201,6 @@ class Planner {
     }
     devices_.push_back(dev);
     return static_cast<int64_t>(devices_.size() - 1);
-  }
-
-  Kind off_fast_route(const at::Tensor& d, const at::Tensor& s, bool ddense, int8_t* sub) {
-    if (d.device() != s.device()) return Kind::Device;
-    if (!ddense) {
-      *sub = 0;
-      return Kind::NotDense;
-    }
-    if (!(s.is_contiguous() || dense(s))) {
-      *sub = 1;
-      return Kind::NotDense;
-    }
-    if (!same_strides(d, s)) return Kind::Strides;
-    if (d.is_conj() || s.is_conj() || d.is_neg() || s.is_neg()) return Kind::ConjNeg;
-    if (at::isComplexType(s.scalar_type()) && !at::isComplexType(d.scalar_type())) {
-      *sub = 0;
-      return Kind::Dtype;
-    }
-    if (caps_.get(d.device().type()) == nullptr) return Kind::NoCapability;
-    return Kind::None;
   }
 
   // Whether any destination overlaps another tensor of the call. Usually there is none, and
@@ -464,13 +309,12 @@ class Planner {
     std::vector<uint8_t> drop(runs->size(), 0);
     for (const Key& k : keys) {
       const Capability* cap = caps_.get(static_cast<c10::DeviceType>(std::get<0>(k)));
-      if (cap == nullptr || cap->max_per_launch == 0 || cap->host_pass ||
-          !cap->supports(static_cast<c10::ScalarType>(std::get<2>(k)), static_cast<c10::ScalarType>(std::get<3>(k)))) {
-        continue;
-      }
       std::vector<size_t> mine;
       for (size_t r = 0; r < runs->size(); ++r) {
         if (key_of((*runs)[r][0]) == k) mine.push_back(r);
+      }
+      if (cap == nullptr || cap->max_per_launch == 0 || cap->host_pass || !info_[(*runs)[mine[0]][0]].batched) {
+        continue;
       }
       std::stable_sort(mine.begin(), mine.end(),
                        [&](size_t a, size_t b) { return (*runs)[a].size() > (*runs)[b].size(); });
@@ -626,7 +470,7 @@ class Planner {
       const auto& idx = members[g];
       const auto& d0 = dsts_[idx[0]];
       const Capability* cap = caps_.get(d0.device().type());
-      if (cap != nullptr && cap->supports(srcs_[idx[0]].scalar_type(), d0.scalar_type())) {
+      if (info_[idx[0]].batched) {
         const auto begin = static_cast<int64_t>(plan_.group_members.size());
         plan_.group_members.insert(plan_.group_members.end(), idx.begin(), idx.end());
         plan_.groups.push_back({begin, static_cast<int64_t>(plan_.group_members.size()),
@@ -666,25 +510,6 @@ class Planner {
 
 }  // namespace
 
-int64_t lazy_bit_dst(at::TensorList dsts) {
-  for (size_t i = 0; i < dsts.size(); ++i) {
-    const auto& d = dsts[i];
-    if (d.defined() && (d.is_conj() || d.is_neg())) return static_cast<int64_t>(i);
-  }
-  return -1;
-}
-
-bool copy_dtype(c10::ScalarType t) {
-  switch (t) {
-    case at::kBool: case at::kByte: case at::kChar: case at::kShort: case at::kInt:
-    case at::kLong: case at::kHalf: case at::kBFloat16: case at::kFloat: case at::kDouble:
-    case at::kComplexFloat: case at::kComplexDouble:
-      return true;
-    default:
-      return false;
-  }
-}
-
 void check_lists(at::TensorList dsts, at::TensorList srcs) {
   // ATen check_foreach_api_restrictions: both lists non-empty, then equal lengths.
   TORCH_CHECK(!dsts.empty() && !srcs.empty(), "Tensor list must have at least one tensor.");
@@ -705,10 +530,5 @@ Plan build_plan(at::TensorList dsts, at::TensorList srcs, const CapabilityTable&
   return Planner(dsts, srcs, caps, non_blocking).run();
 }
 
-
-bool plain_tensor(const at::Tensor& t) {
-  if (is_subclass(t) || t.layout() != at::kStrided || t.is_meta() || t.is_conj() || t.is_neg()) return false;
-  return addressable(t) && has_version_counter(t) && copy_dtype(t.scalar_type());
-}
 
 }  // namespace npu_dispatch

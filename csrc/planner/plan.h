@@ -1,8 +1,7 @@
-// The copy planner: the library's eligibility rule, pair by pair, with a named reason for every pair
-// or call it leaves to stock. The one-pass plan (one_pass.h) and the FSDP copies (fsdp/copies.cpp)
-// check narrower subsets of it (plain_tensor() below, planner/spans.h for overlap) and hand
-// everything else here or to stock; npu_dispatch's Python side only renders plans
-// (npu_dispatch/_native_plan.py).
+// The copy planner: a list of pairs, each classified by the one rule (planner/classify.h), becomes
+// coalesced runs, dtype groups for the device's batched kernel, staged casts and fallback pairs, or
+// a whole call left to stock, with a named reason for every pair off the fast path.
+// npu_dispatch's Python side only renders plans (npu_dispatch/_native_plan.py).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -11,40 +10,9 @@
 #include <vector>
 
 #include "planner/capability_table.h"
+#include "planner/classify.h"
 
 namespace npu_dispatch {
-
-// Why pairs (or a whole call) leave the fast path. Python sees them by name only (kKindNames,
-// exported by binding/to_python.cpp).
-enum class Kind : int8_t {
-  None = -1,
-  NotTensor = 0,
-  Subclass,
-  NoStorage,     // a strided tensor without storage (lazy, XLA): no address to plan with
-  RequiresGrad,  // an out= argument that requires grad under grad mode: stock raises (its autograd kernel)
-  Layout,
-  Meta,
-  MayRaise,
-  Aliasing,
-  Broadcast,
-  Device,
-  NotDense,
-  Strides,
-  ConjNeg,
-  Dtype,
-  NoCapability,
-  OrderDependent,  // whole call: a 0-dim conversion; stock's CPU copy reads its strides from stale stack (docs/stock_quirks.md)
-  WholeListOp,  // whole call: a whole_list_only device (CUDA) that stock copies pair by pair
-  Schema,  // whole call: an intercepted op whose installed schema this library was not written for
-  Count,
-};
-constexpr int kNumKinds = static_cast<int>(Kind::Count);
-// Kind's names, as stats, explain() and errors show them.
-inline constexpr const char* kKindNames[] = {
-    "not_tensor", "subclass", "no_storage", "requires_grad", "layout", "meta", "may_raise", "aliasing", "broadcast", "device", "not_dense",
-    "strides", "conj_neg", "dtype", "no_capability", "order_dependent", "whole_list_op", "schema",
-};
-static_assert(sizeof(kKindNames) / sizeof(kKindNames[0]) == kNumKinds, "a name per Kind");
 
 struct Run {
   int64_t begin, end;  // into Plan::run_members
@@ -101,41 +69,10 @@ Plan build_plan(at::TensorList dsts, at::TensorList srcs, const CapabilityTable&
 
 void check_lists(at::TensorList dsts, at::TensorList srcs);
 
-// A tensor with a __torch_dispatch__ of its own (DTensor, FakeTensor...) or a wrapper tensor
-// (functional, batched, zero, nested), or an undefined one: never addressed directly.
-bool is_subclass(const at::Tensor& t);
-
-// For a defined tensor, `is_subclass(t) || t.is_conj() || t.is_neg()` as one test of its keys:
-// whether they meet these (a long list's checks make it once a tensor, with no call).
-c10::DispatchKeySet subclass_or_lazy_keys();
-
 // Pairs whose version counter stock's own op leaves unmoved: on a device whose batched kernels
 // keep versions (Capability::batched_keeps_versions), the pairs of each source-dtype group that
 // kernel takes, as op-plugin groups and sends a list. Empty when no pair is on such a device.
 std::vector<uint8_t> stock_keeps_version(at::TensorList dsts, at::TensorList srcs, bool non_blocking,
                                          const CapabilityTable& caps);
-
-// Whether the tensor has a version counter: false for an inference
-// tensor and for one made in inference mode and given a normal tensor's `.data` (plain keys); true
-// for a normal tensor given an inference tensor's `.data` (is_inference() true).
-inline bool has_version_counter(const at::Tensor& t) {
-  return t.unsafeGetTensorImpl()->version_counter().enabled();
-}
-
-// Index of the first destination with a lazy conjugate or negative bit
-// (stock's dispatcher refuses such a mutable list before its kernel checks it), or -1.
-int64_t lazy_bit_dst(at::TensorList dsts);
-
-// copy_ between these never raises; others (quantized, bits, float8...)
-// may raise midway, so the whole call stays on stock.
-bool copy_dtype(c10::ScalarType t);
-
-// The tensor-level half of the planner's rule, for the entries that check one tensor at a time
-// (the FSDP copies, fsdp/copies.cpp): a tensor the fast path may address directly, with no
-// whole-call reason to leave it to stock: no subclass or wrapper, strided, not meta, with an
-// address, a copy dtype, a version counter, no lazy conjugate or negative bit. The planner's
-// per-pair classification (plan.cpp) refuses each of these for its own named reason; the
-// one-pass plan (one_pass.h) accepts a narrower set still (plain CPU key sets).
-bool plain_tensor(const at::Tensor& t);
 
 }  // namespace npu_dispatch

@@ -2,7 +2,10 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
+
+#include "planner/classify.h"
 
 #include <algorithm>
 #include <atomic>
@@ -29,6 +32,10 @@ class WarningLog : public c10::WarningHandler {
 };
 
 std::atomic<int64_t> g_threaded_calls{0};
+
+void bump_as_stock(c10::TensorImpl* d, const c10::TensorImpl* s, bool in_inference) {
+  if (stock_bumps_pair(*d, *s, in_inference)) d->bump_version();
+}
 
 }  // namespace
 
@@ -174,6 +181,8 @@ ThreadedChecks::Outcome ThreadedChecks::prepare(c10::TensorImpl* const* dsts, c1
   offsets_.reserve(threads);
   int team = 1;
   bool copy_here = false;
+  // Read on the calling thread: InferenceMode is thread-local and the workers do not carry it.
+  const bool in_inference = c10::InferenceMode::is_enabled();
   // Profiler ranges, opened and closed on the calling thread (the master), around the copy.
   std::optional<KernelRanges> ranges;
 #pragma omp parallel num_threads(threads)
@@ -258,18 +267,18 @@ ThreadedChecks::Outcome ThreadedChecks::prepare(c10::TensorImpl* const* dsts, c1
         // does pair by pair: no version moves before its destination's bytes are written.
         const auto& batch = pass.batch();
         batch.copy_bytes(0, batch.total_bytes(), CpuCopyBatch::alternate(), p.stream);
-        for (size_t i = b; i < e; ++i) dsts[i]->bump_version();
+        for (size_t i = b; i < e; ++i) bump_as_stock(dsts[i], srcs[i], in_inference);
       } else {
         copy_share(p.offsets, p.bytes * t / nt, p.bytes * (t + 1) / nt, CpuCopyBatch::alternate(), p.stream);
         // Every thread wrote bytes of other threads' pairs: no version moves before all are.
 #pragma omp barrier
         if (p.runs == 0) {
-          for (size_t i = b; i < e; ++i) dsts[i]->bump_version();
+          for (size_t i = b; i < e; ++i) bump_as_stock(dsts[i], srcs[i], in_inference);
         } else {
           // Coalesced runs are views of one base, sharing its counter: one thread bumps them
           // all rather than two fighting over that counter's cache line.
 #pragma omp master
-          for (size_t i = 0; i < n; ++i) dsts[i]->bump_version();
+          for (size_t i = 0; i < n; ++i) bump_as_stock(dsts[i], srcs[i], in_inference);
         }
       }
     }

@@ -1,0 +1,137 @@
+// The library's one eligibility rule: whether a copy pair may leave stock's op, which kernel takes
+// it, or why it stays stock's. The planner (plan.cpp), the one-pass plan (one_pass.cpp, and the
+// threaded checks that drive it) and the FSDP copies (fsdp/copies.cpp) all ask it; none decides
+// on its own. The list-level half (overlap between pairs, coalescing, grouping) is the planner's
+// and the overlap rule planner/spans.h.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/TensorImpl.h>
+
+#include <cstdint>
+
+#include "planner/capability_table.h"
+
+namespace npu_dispatch {
+
+// Why pairs (or a whole call) leave the fast path. Python sees them by name only (kKindNames,
+// exported by binding/to_python.cpp).
+enum class Kind : int8_t {
+  None = -1,
+  NotTensor = 0,
+  Subclass,
+  NoStorage,     // a strided tensor without storage (lazy, XLA): no address to plan with
+  RequiresGrad,  // a written tensor that requires grad under grad mode where the call skipped autograd: stock raises there
+  Layout,
+  Meta,
+  MayRaise,
+  Aliasing,
+  Broadcast,
+  Device,
+  NotDense,
+  Strides,
+  ConjNeg,
+  Dtype,
+  NoCapability,
+  OrderDependent,  // whole call: a 0-dim conversion; stock's CPU copy reads its strides from stale stack (docs/stock_quirks.md)
+  WholeListOp,  // whole call: a whole_list_only device (CUDA) that stock copies pair by pair
+  Schema,  // whole call: an intercepted op whose installed schema this library was not written for
+  Count,
+};
+constexpr int kNumKinds = static_cast<int>(Kind::Count);
+// Kind's names, as stats, explain() and errors show them.
+inline constexpr const char* kKindNames[] = {
+    "not_tensor", "subclass", "no_storage", "requires_grad", "layout", "meta", "may_raise", "aliasing", "broadcast", "device", "not_dense",
+    "strides", "conj_neg", "dtype", "no_capability", "order_dependent", "whole_list_op", "schema",
+};
+static_assert(sizeof(kKindNames) / sizeof(kKindNames[0]) == kNumKinds, "a name per Kind");
+
+// `sub` of a reason: which tensor or which variant, for the reason text only
+// (npu_dispatch/_native_plan.py names them).
+enum Sub : int8_t {
+  kSubDst = 0, kSubSrc = 1,              // the side (subclass, layout, no_storage, not_dense)
+  kSubNoBroadcast = 0,                   // may_raise: shapes that do not broadcast
+  kSubInternalOverlap = 1,               // may_raise: a destination that overlaps itself
+  kSubOddDtype = 2,                      // may_raise: a dtype copy_ may raise on
+  kSubInference = 3,                     // may_raise: an inference destination outside inference mode
+  kSubEmptyWrite = 4,                    // may_raise: an empty destination whose pointer is refused
+  kSubComplexToReal = 0, kSubUnsupported = 1,  // dtype
+};
+
+struct Refusal {
+  Kind kind = Kind::None;
+  int8_t sub = 0;
+  explicit operator bool() const { return kind != Kind::None; }
+};
+
+// The tensor half of the rule, for one tensor a call reads (`written` false) or writes: a
+// tensor the fast path may address directly, or the first reason it may not, in this order:
+// subclass (a __torch_dispatch__ of its own, a wrapper, nested, undefined), layout (not strided),
+// meta, no_storage, may_raise (a dtype copy_ may raise on; a written tensor without a version
+// counter outside inference mode), then, with `grad_check` (grad mode is on and the caller
+// bypassed autograd), requires_grad. `sub` names the side.
+Refusal tensor_refusal(const c10::TensorImpl& t, bool written, bool grad_check = false);
+
+// The tensor rule for an entry with no per-pair fallback (the FSDP copies): tensor_refusal, then
+// conj_neg for a lazy conjugate or negative bit, which the pair rule leaves to a fallback pair.
+Refusal fast_route_tensor(const c10::TensorImpl& t, bool written, bool grad_check);
+inline Refusal fast_route_tensor(const at::Tensor& t, bool written, bool grad_check) {
+  return fast_route_tensor(*t.unsafeGetTensorImpl(), written, grad_check);
+}
+
+// The kernels a pair may take.
+enum class Route : int8_t {
+  Stock,     // the whole call goes to stock's op (`why`)
+  Fallback,  // this pair is stock's copy_ (`why`); the others may still be fast
+  Empty,     // nothing to copy
+  Fast,      // the fast route: the device's batched kernel where `batched`, else a staged cast or a fallback
+};
+
+struct PairClass {
+  Route route = Route::Fast;
+  Refusal why;
+  bool contiguous = false;  // both tensors contiguous (may join an adjacent run; the one-pass plan's)
+  bool batched = false;     // Fast: the device's kernel copies this dtype pair as it is
+};
+
+// The whole rule for one pair of `_foreach_copy_` (dst written, src read), given the capability
+// table in force. Planner order: the tensor rule (dst before src at each step), shapes (broadcast
+// or may_raise), a 0-dim CPU conversion (order_dependent), empty, a self-overlapping destination,
+// then the fast route: same device, both dense with equal strides, no lazy conjugate or negative
+// bit, no complex -> real, a capability for the device.
+PairClass classify_pair(const c10::TensorImpl& d, const c10::TensorImpl& s, const CapabilityTable& caps,
+                        bool grad_check = false);
+inline PairClass classify_pair(const at::Tensor& d, const at::Tensor& s, const CapabilityTable& caps) {
+  return classify_pair(*d.unsafeGetTensorImpl(), *s.unsafeGetTensorImpl(), caps);
+}
+
+// Whether the tensor has a version counter: false for an inference tensor and for one made in
+// inference mode and given a normal tensor's `.data` (plain keys); true for a normal tensor given
+// an inference tensor's `.data` (is_inference() true).
+inline bool has_version_counter(const c10::TensorImpl& t) { return t.version_counter().enabled(); }
+inline bool has_version_counter(const at::Tensor& t) { return has_version_counter(*t.unsafeGetTensorImpl()); }
+
+// Whether stock's copy of the pair moves dst's version counter (when bumps apply at all). Inside
+// inference mode stock bumps a pair only when one of its tensors is not inference-keyed, so a
+// destination with a counter but inference keys stays put with an inference source.
+bool stock_bumps_pair(const c10::TensorImpl& d, const c10::TensorImpl& s, bool in_inference);
+inline bool stock_bumps_pair(const at::Tensor& d, const at::Tensor& s, bool in_inference) {
+  return stock_bumps_pair(*d.unsafeGetTensorImpl(), *s.unsafeGetTensorImpl(), in_inference);
+}
+
+// Index of the first destination with a lazy conjugate or negative bit (stock's dispatcher
+// refuses such a mutable list before its kernel checks it), or -1.
+int64_t lazy_bit_dst(at::TensorList dsts);
+
+// copy_ between these never raises; others (quantized, bits, float8...) may raise midway, so the
+// whole call stays on stock.
+bool copy_dtype(c10::ScalarType t);
+
+// Dense: contiguous in some dim order.
+bool dense(const c10::TensorImpl& t);
+
+// ATen's fast route, its layout half (aten/src/ATen/native/ForeachUtils.h can_use_fast_route):
+// equal sizes, both dense, equal strides (dims of size 1 aside).
+bool same_layout(const c10::TensorImpl& d, const c10::TensorImpl& s);
+
+}  // namespace npu_dispatch
