@@ -7,10 +7,17 @@ its progress (``pip install -v`` shows it). Without torch in the build environme
 (pip's default build isolation), without a compiler, or when the build fails, the package still
 installs: it then builds the extension at first use, or runs every copy as stock
 (``python -m npu_dispatch doctor`` says which, and why).
+
+A package built with the extension is built for one torch: its version carries that torch as a
+local label (``0.1.0+torch2.13.0.cpu``), so a wheel's name says which torch its prebuilt
+libraries are for (``pip wheel --no-build-isolation --no-deps .``). The loader never imports a
+library built for another torch (``npu_dispatch/_loader.py``). An sdist, or a build without
+torch or with ``NPU_DISPATCH_NATIVE=0``, has the plain version.
 """
 import importlib.util
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -29,17 +36,28 @@ def _say(msg: str) -> None:
     print(f"npu_dispatch: {msg}", file=sys.stderr, flush=True)
 
 
+def _version(torch_version: str | None) -> str:
+    """npu_dispatch.__version__, with ``+torch<torch_version>`` (PEP 440 local label: its ``+``
+    and any other separator become ``.``) when the package is built for that torch."""
+    text = (HERE / "npu_dispatch" / "__init__.py").read_text()
+    base = re.search(r'^__version__ = "([^"]+)"$', text, re.M).group(1)
+    if torch_version is None:
+        return base
+    return f"{base}+torch{re.sub(r'[^0-9A-Za-z.]+', '.', torch_version)}"
+
+
 def _extension():
+    """(ext_modules, cmdclass, the torch version built for or None)."""
     if os.environ.get("NPU_DISPATCH_NATIVE", "1") == "0":
         _say("NPU_DISPATCH_NATIVE=0: installing without the C++ extension")
-        return [], {}
+        return [], {}, None
     try:
         import torch
         from torch.utils.cpp_extension import BuildExtension, CppExtension
     except ImportError:
         _say("torch is not importable in this build environment (pip's build isolation): the C++ "
              "extension will build at first use; install with --no-build-isolation to build it now")
-        return [], {}
+        return [], {}, None
     src = HERE / "csrc"
     by_name = {ext.name: ext for ext in build.EXTENSIONS}
 
@@ -96,8 +114,9 @@ def _extension():
         )
         for spec in build.EXTENSIONS
     ]
-    return exts, {"build_ext": OptionalBuild.with_options(use_ninja=True)}
+    return exts, {"build_ext": OptionalBuild.with_options(use_ninja=True)}, torch.__version__
 
 
-ext_modules, cmdclass = _extension()
-setup(ext_modules=ext_modules, cmdclass=cmdclass)
+ext_modules, cmdclass, built_for = _extension()
+# An sdist holds sources only, for any torch.
+setup(version=_version(None if "sdist" in sys.argv else built_for), ext_modules=ext_modules, cmdclass=cmdclass)

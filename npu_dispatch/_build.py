@@ -24,6 +24,10 @@ from pathlib import Path
 CFLAGS = ["-O3", "-g0", "-Wno-psabi", "-Wno-maybe-uninitialized", "-Wno-unknown-pragmas", "-fvisibility=hidden", "-fvisibility-inlines-hidden"]
 
 
+# why_stale's reason where no install-time build is there at all.
+NOT_BUILT = "no extension was built at install"
+
+
 @dataclasses.dataclass(frozen=True)
 class Extension:
     """One C++ extension: ``name`` (its module inside the package), ``folder`` (under ``csrc/``;
@@ -65,22 +69,27 @@ class Extension:
 
     def note_for(self, src: Path, torch) -> dict:
         """What a build of this extension from ``src`` for ``torch`` is: the note written beside
-        an install-time build, and compared with before it is used or reused."""
-        return {"source_hash": self.source_hash(src), "torch": torch.__version__,
-                "flags": " ".join(self.compile_args(torch) + self.link_args(torch))}
+        an install-time build (and shipped in a wheel), and compared with before it is used or
+        reused. ``flags`` name torch's own folder as ``<torch>``: a library built against one
+        install of a torch version matches another install of it (a wheel in a new venv)."""
+        root = str(Path(torch.__file__).parent)  # as openmp_flags names it
+        flags = " ".join(self.compile_args(torch) + self.link_args(torch)).replace(root, "<torch>")
+        return {"source_hash": self.source_hash(src), "torch": torch.__version__, "flags": flags}
 
     def why_stale(self, note: Path, src: Path | None, torch) -> str | None:
         """None where the build note ``note`` says its library can be used here: built for this
         torch and, where the sources are known (``src``), from them with today's flags; else why
         not. The one check of a note, for setup.py's reuse and the loader's import."""
         if not note.is_file():
-            return "no extension was built at install"
+            return NOT_BUILT
         try:
             info = json.loads(note.read_text())
         except (OSError, ValueError) as e:
             return f"unreadable {note.name}: {e}"
         if info.get("torch") != torch.__version__:
-            return f"the extension installed was built for torch {info.get('torch')}, not {torch.__version__}"
+            # Never imported then: torch's C++ ABI is only kept within one version.
+            return (f"the {self.name} installed was built for torch {info.get('torch')} and this is torch "
+                    f"{torch.__version__}: a library built for another torch is never loaded")
         if src is None:
             return None
         want = self.note_for(src, torch)

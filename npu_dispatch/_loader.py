@@ -48,7 +48,7 @@ def load(ext: _build.Extension, verbose: bool = False):
     if shutil.which(cxx) is None:
         raise LoadError(f"no C++ compiler: {cxx!r} not found (install one, or set CXX); {why_not}")
     try:
-        return _first_use_build(ext, src, verbose)
+        return _first_use_build(ext, src, verbose, why_not)
     except Exception as e:  # noqa: BLE001  the last line of a compiler error is the useful one
         text = str(e).strip()
         raise LoadError(f"{type(e).__name__}: {text.splitlines()[-1] if text else ''}") from e
@@ -75,7 +75,9 @@ def _installed(ext: _build.Extension, src: Path | None):
         return None, f"the extension installed does not load: {e}"
 
 
-def _first_use_build(ext: _build.Extension, src: Path, verbose: bool):
+def _first_use_build(ext: _build.Extension, src: Path, verbose: bool, why_not: str):
+    """Builds (or takes from TORCH_EXTENSIONS_DIR) ``ext`` for the torch in use; ``why_not``: why
+    no install-time build was taken, said on stderr with the build."""
     from torch.utils import cpp_extension
 
     # One cache entry per source tree and torch build: two checkouts (or venvs) sharing
@@ -85,6 +87,8 @@ def _first_use_build(ext: _build.Extension, src: Path, verbose: bool):
     cached = Path(cpp_extension._get_build_directory(name, verbose=False)) / f"{name}.so"
     fresh = not cached.is_file()
     if fresh:
+        if why_not != _build.NOT_BUILT:
+            print(f"npu_dispatch: {why_not}", file=sys.stderr, flush=True)
         print(f"npu_dispatch: building {ext.name} for torch {torch.__version__} now (first use; "
               "`pip install --no-build-isolation .` builds it at install)", file=sys.stderr, flush=True)
     start = time.perf_counter()

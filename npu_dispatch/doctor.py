@@ -60,6 +60,17 @@ def _triton() -> str:
     return f"{flavour} {_version(flavour) or '?'}"
 
 
+def _install_build() -> str:
+    """What the install-time build of the library (a wheel's prebuilt one included) is for, and
+    whether it is the one used here."""
+    from . import _build, _loader
+
+    why = _loader.installed_matches(_build.LIBRARY)
+    if why is None:
+        return f"built for torch {torch.__version__} from the sources beside the package: imported as is"
+    return why
+
+
 def _native() -> str:
     from . import _native
     _native.load()  # the install's build, or a first-use build (then cached)
@@ -127,6 +138,7 @@ def report() -> str:
         ("CANN", _cann()),
         ("emulated npu", _emulated_npu()),
         ("triton", _triton()),
+        ("installed build", _install_build()),
         ("native extension", _native()),
         ("NpuFastCopyMode", _interception()),
     ]
