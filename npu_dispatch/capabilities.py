@@ -40,9 +40,6 @@ _ALL_DTYPES = frozenset(
 )
 
 
-# Dtypes between which copy_ converts without raising, on every backend.
-COPY_DTYPES = _ALL_DTYPES
-
 
 def _all_cross_pairs() -> frozenset:
     # complex -> real is excluded: stock ``copy_`` warns per call there, and the flat copy would

@@ -303,15 +303,20 @@ class _DebugBackend:
 
     def __init__(self, mode: "NpuFastCopyMode") -> None:
         self.mode = mode
-        self.pushed: list = []  # one _DebugMode per entry, innermost last
+        self._local = threading.local()  # .pushed: this thread's _DebugModes, innermost last
+
+    def _pushed(self) -> list:
+        if not hasattr(self._local, "pushed"):
+            self._local.pushed = []
+        return self._local.pushed
 
     def enter(self) -> None:
         debug = _DebugMode(self.mode)
         debug.__enter__()
-        self.pushed.append(debug)
+        self._pushed().append(debug)
 
     def exit(self, *exc) -> None:
-        self.pushed.pop().__exit__(*exc)
+        self._pushed().pop().__exit__(*exc)
 
 
 class NpuFastCopyMode(contextlib.ContextDecorator):
@@ -360,7 +365,6 @@ class NpuFastCopyMode(contextlib.ContextDecorator):
         self.strict = bool(strict)
         self.verify = bool(verify)
         self.stats = CopyStats()
-        self._depth = 0  # entries not yet exited
         module = _native.module()
         if module is None:
             self._backend = _CountedBackend()
@@ -377,18 +381,16 @@ class NpuFastCopyMode(contextlib.ContextDecorator):
 
     def __enter__(self) -> "NpuFastCopyMode":
         self._backend.enter()
-        self._depth += 1
         _entered().append(self)
         return self
 
     def __exit__(self, exc_type, exc_value, traceback):
-        if not self._depth:
+        modes = _entered()  # this thread's entries: a mode may be entered on several threads
+        if not any(m is self for m in modes):
             raise RuntimeError("NpuFastCopyMode exited more often than it was entered")
-        modes = _entered()
         if not modes or modes[-1] is not self:
             raise RuntimeError("NpuFastCopyMode exited out of order: exit modes in the reverse order of entry, "
                                "on the thread that entered them")
         self._backend.exit(exc_type, exc_value, traceback)
-        self._depth -= 1
         modes.pop()
         return False

@@ -224,7 +224,8 @@ def split_with_sizes_copy(
     are contiguous, of one dtype and device, each ``out[i]`` of exactly its split's shape and nothing
     overlapping; everything else is stock's ``torch.split_with_sizes_copy``, with its errors, its
     resize (and warning) of a wrongly shaped ``out[i]`` and its writes. Each ``out[i]``'s version
-    counter moves once, as stock's.
+    counter moves as stock's does (once; none inside inference_mode
+    when every tensor of the call is an inference tensor).
 
     Args:
         all_gather_output: the tensor to split, any dtype and device.
@@ -258,7 +259,8 @@ def chunk_cat(tensors: Sequence[torch.Tensor], dim: int, num_chunks: int, *, out
     exactly the result's shape, the cast keeps one dtype or widens (bf16 / fp16 -> fp32: stock's
     cat narrows with other NaN bits than copy_) and ``out`` overlaps no input (inputs may overlap
     each other); everything else is stock's ``torch._chunk_cat``, with its errors, resize warning
-    and writes. ``out``'s version counter moves once, as stock's.
+    and writes. ``out``'s version counter moves as stock's does (once; none inside inference_mode
+    when every tensor of the call is an inference tensor).
 
     Args:
         tensors: non-empty tensors of one dtype and device; sizes before ``dim`` equal.

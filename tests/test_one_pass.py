@@ -32,6 +32,13 @@ f32, f16, bf16, i32, f64 = torch.float32, torch.float16, torch.bfloat16, torch.i
 ENTRIES = [direct_copy, op_copy, mode_copy]
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _installed():
+    # The first NpuFastCopyMode() of a process installs the kernels and checks a live call (one
+    # more one-pass call): made here, before any test counts calls.
+    nd.NpuFastCopyMode()
+
+
 def case(pairs, dst_adjacent=False, src_adjacent=False, alias=(), seed=7) -> Case:
     return Case(tuple(pairs), dst_adjacent, src_adjacent, tuple(alias), seed)
 
@@ -83,6 +90,8 @@ INFERENCE = {
     "inference_src": lambda: ([torch.zeros(4), torch.zeros(3)], [_inference_src(), torch.ones(3)]),
     "inside_inference_dst": lambda: ([torch.zeros(4), torch.zeros(5)], [torch.ones(4), torch.full((5,), -0.0)]),
     "inside_normal_dst_inference_src": lambda: ([_normal_zeros(4)], [torch.ones(4)]),
+    # Long enough for the direct entry's threaded checks, whose workers do not carry InferenceMode.
+    "inside_inference_dsts_long": lambda: ([torch.zeros(16) for _ in range(200)], [torch.ones(16) for _ in range(200)]),
 }
 
 
@@ -103,10 +112,11 @@ def test_inference_tensors_take_the_one_pass_plan_as_stock_allows(name, entry):
         return [bits(d).tolist() for d in dsts], [None if d.is_inference() else d._version for d in dsts]
 
     want = outcome(stock_copy)
-    nd.NpuFastCopyMode()  # the first one installs the kernels and checks a live call
-    before = one_pass_calls()
+    before, threaded = one_pass_calls(), _native.info()["threaded_check_calls"]
     assert outcome(entry) == want
     assert one_pass_calls() == before + 1
+    if name.endswith("_long") and entry is direct_copy and torch.get_num_threads() > 1:
+        assert _native.info()["threaded_check_calls"] == threaded + 1
 
 
 # Calls the one-pass plan must refuse (builders return fresh (dsts, srcs) each time).

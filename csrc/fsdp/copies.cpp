@@ -141,9 +141,9 @@ std::optional<CallResult> copy_out(const at::Tensor& src, c10::IntArrayRef sizes
   const auto n = static_cast<int64_t>(out.size());
   // The rule for every tensor first (stock's autograd kernel raises for an out= argument that
   // requires grad before its kernel checks anything), then stock's own checks.
-  const bool grad = c10::GradMode::is_enabled();
-  Refusal r = fast_route_tensor(src, false, grad);
-  for (int64_t i = 0; i < n && !r; ++i) r = fast_route_tensor(out[i], true, grad);
+  const RuleContext rule = RuleContext::here(c10::GradMode::is_enabled());
+  Refusal r = fast_route_tensor(src, false, rule);
+  for (int64_t i = 0; i < n && !r; ++i) r = fast_route_tensor(out[i], true, rule);
   if (r) {
     *why = r.kind;
     return std::nullopt;
@@ -185,7 +185,11 @@ std::optional<CallResult> copy_out(const at::Tensor& src, c10::IntArrayRef sizes
   }
   auto counts = copy_out_served(src, sizes, out, outer, total, inner, strict, why);
   if (counts && bump) {
-    for (const auto& o : out) o.unsafeGetTensorImpl()->bump_version();
+    bool all_inference = rule.in_inference && inference_keyed(*src.unsafeGetTensorImpl());
+    for (int64_t i = 0; i < n && all_inference; ++i) all_inference = inference_keyed(*out[i].unsafeGetTensorImpl());
+    for (const auto& o : out) {
+      if (stock_bumps(*o.unsafeGetTensorImpl(), all_inference, rule.in_inference)) o.unsafeGetTensorImpl()->bump_version();
+    }
   }
   return counts;
 }
@@ -197,7 +201,8 @@ struct ChunkCheck {
   caffe2::TypeMeta meta;  // t0's dtype: every input's
   int64_t elem;
   c10::Device device;
-  bool on_cpu, grad_mode, pow2;
+  RuleContext rule;  // the calling thread's (scans may run on a worker)
+  bool on_cpu, pow2;
   int shift;  // log2(num_chunks) where pow2
   int64_t dim, wrapped, nd0, num_chunks, pre;
   c10::IntArrayRef lead;  // t0's sizes before dim: every input's
@@ -230,7 +235,7 @@ ChunkScan scan_chunks(at::TensorList tensors, int64_t k0, int64_t k1, const Chun
     for (int64_t k = k0; k < k1; ++k) {
       const auto& t = tensors[k];
       const c10::TensorImpl* ti = t.unsafeGetTensorImpl();
-      if (const Refusal r = fast_route_tensor(*ti, false, c.grad_mode)) {
+      if (const Refusal r = fast_route_tensor(*ti, false, c.rule)) {
         s.refused = r.kind;
         return s;
       }
@@ -297,16 +302,17 @@ void wait_for(const std::atomic<int>& flag) {
 }
 
 // chunk_cat's checks for a list led by t0 (dim already checked against t0's dims), with
-// GradMode's state as `grad_mode` (false where the op runs below autograd).
-ChunkCheck chunk_check(const at::Tensor& t0, const at::Tensor& out, int64_t dim, int64_t num_chunks, bool grad_mode) {
+// the rule's thread state `rule`.
+ChunkCheck chunk_check(const at::Tensor& t0, const at::Tensor& out, int64_t dim, int64_t num_chunks,
+                       const RuleContext& rule) {
   const int64_t nd0 = t0.dim();
   const int64_t wrapped = dim < 0 ? dim + nd0 : dim;
   const bool pow2 = (num_chunks & (num_chunks - 1)) == 0;  // FSDP2's world sizes usually are
   ChunkCheck c{t0.dtype(),
                static_cast<int64_t>(t0.dtype().itemsize()),
                out.device(),
+               rule,
                out.device().is_cpu(),
-               grad_mode,
                pow2,
                pow2 ? __builtin_ctzll(static_cast<unsigned long long>(num_chunks)) : 0,
                dim,
@@ -324,9 +330,9 @@ ChunkCheck chunk_check(const at::Tensor& t0, const at::Tensor& out, int64_t dim,
 // that (size + num_chunks - 1) cannot overflow, a dim within t0's dims (past them stock raises for
 // t0, and the check's lead holds only t0's sizes). Kind::None where they hold.
 Kind chunk_call_refusal(at::TensorList tensors, int64_t dim, int64_t num_chunks, const at::Tensor& out,
-                        bool grad_mode) {
+                        const RuleContext& rule) {
   if (tensors.empty() || !tensors[0].defined()) return Kind::MayRaise;
-  if (const Refusal r = fast_route_tensor(out, true, grad_mode)) return r.kind;
+  if (const Refusal r = fast_route_tensor(out, true, rule)) return r.kind;
   const int64_t nd0 = tensors[0].dim();
   const bool ok = num_chunks >= 1 && num_chunks <= (int64_t{1} << 40) && nd0 > 0 && dim >= -nd0 && dim < nd0;
   return ok ? Kind::None : Kind::MayRaise;
@@ -364,9 +370,17 @@ void write_pass(const ChunkCatKernel& kernel, const ChunkCatLayout& layout, int6
 }
 
 // A served chunk_cat's result, after its kernel counters and out's bump (with `bump`).
-CallResult chunk_cat_served(int64_t pairs, const at::Tensor& out, int64_t passes, bool stream, bool bump) {
+CallResult chunk_cat_served(at::TensorList tensors, int64_t pairs, const at::Tensor& out, int64_t passes, bool stream,
+                            bool bump, const RuleContext& rule) {
   ChunkCatKernel::count(pairs, static_cast<int64_t>(out.nbytes()), stream);
-  if (bump) out.unsafeGetTensorImpl()->bump_version();
+  if (bump) {
+    const c10::TensorImpl& o = *out.unsafeGetTensorImpl();
+    bool all_inference = rule.in_inference && inference_keyed(o);
+    for (size_t k = 0; k < tensors.size() && all_inference; ++k) {
+      all_inference = inference_keyed(*tensors[k].unsafeGetTensorImpl());
+    }
+    if (stock_bumps(o, all_inference, rule.in_inference)) out.unsafeGetTensorImpl()->bump_version();
+  }
   CallResult v;
   v.executed = v.bumped = true;
   v.path(kForeach).add(pairs, static_cast<int64_t>(out.nbytes()), passes);
@@ -377,18 +391,17 @@ CallResult chunk_cat_served(int64_t pairs, const at::Tensor& out, int64_t passes
 
 std::optional<CallResult> chunk_cat(at::TensorList tensors, int64_t dim, int64_t num_chunks,
                                    const at::Tensor& out, bool strict, bool bump, bool split_checks,
-                                              Kind* why) {
+                                              Kind* why, bool autograd_check) {
   RECORD_FUNCTION("npu_dispatch::chunk_cat", std::vector<c10::IValue>());
   (void)strict;  // every call served is one kernel pass: nothing for strict to refuse
   const auto n = static_cast<int64_t>(tensors.size());
-  const bool grad_mode = c10::GradMode::is_enabled();
-  *why = chunk_call_refusal(tensors, dim, num_chunks, out, grad_mode);
+  const RuleContext rule = RuleContext::here(autograd_check && c10::GradMode::is_enabled());
+  *why = chunk_call_refusal(tensors, dim, num_chunks, out, rule);
   if (*why != Kind::None) return std::nullopt;
   *why = Kind::MayRaise;
   const auto& t0 = tensors[0];
   const auto in_dt = t0.scalar_type(), out_dt = out.scalar_type();
-  if (!copy_dtype(in_dt)) return std::nullopt;
-  const ChunkCheck c = chunk_check(t0, out, dim, num_chunks, grad_mode);
+  const ChunkCheck c = chunk_check(t0, out, dim, num_chunks, rule);
   const bool cast_ok = widening_or_same(in_dt, out_dt);
   ChunkCatKernel kernel;
   std::optional<Kind> late = no_host_pass(c.device);
@@ -461,7 +474,7 @@ std::optional<CallResult> chunk_cat(at::TensorList tensors, int64_t dim, int64_t
     *why = *refusal;
     return std::nullopt;
   }
-  return chunk_cat_served(scan.pairs, out, 1, stream, bump);
+  return chunk_cat_served(tensors, scan.pairs, out, 1, stream, bump, rule);
 }
 
 }  // namespace npu_dispatch
@@ -477,15 +490,17 @@ std::optional<CallResult> chunk_cat_mixed(at::TensorList tensors, int64_t dim, i
   bool mixed = false;
   for (const auto& t : tensors) mixed = mixed || !t.defined() || t.scalar_type() != tensors[0].scalar_type();
   // One dtype: upstream's kernel is _chunk_cat.out itself.
-  if (!mixed) return chunk_cat(tensors, dim, num_chunks, out, strict, bump, /*split_checks=*/false, why);
+  if (!mixed) {
+    return chunk_cat(tensors, dim, num_chunks, out, strict, bump, /*split_checks=*/false, why, /*autograd_check=*/false);
+  }
   // Upstream's op runs below autograd (it has no autograd kernel): no out= autograd check.
-  *why = chunk_call_refusal(tensors, dim, num_chunks, out, /*grad_mode=*/false);
+  const RuleContext rule = RuleContext::here();
+  *why = chunk_call_refusal(tensors, dim, num_chunks, out, rule);
   if (*why != Kind::None) return std::nullopt;
   *why = Kind::MayRaise;
   const auto out_dt = out.scalar_type();
-  // Upstream casts each input to out's dtype, then runs _chunk_cat.out, all below autograd (its
-  // op has no autograd kernel): no out= autograd check, so grad_mode is off here.
-  ChunkCheck c = chunk_check(tensors[0], out, dim, num_chunks, /*grad_mode=*/false);
+  // Upstream casts each input to out's dtype, then runs _chunk_cat.out.
+  ChunkCheck c = chunk_check(tensors[0], out, dim, num_chunks, rule);
   std::optional<Kind> late = no_host_pass(c.device);
   // One pass per input dtype, each writing its inputs' regions of every out row (the kernel
   // upstream runs once per input dtype on CUDA too); each a byte copy or a widening cast.
@@ -505,7 +520,7 @@ std::optional<CallResult> chunk_cat_mixed(at::TensorList tensors, int64_t dim, i
     if (std::find(dtypes.begin(), dtypes.end(), dt) == dtypes.end()) {
       dtypes.push_back(dt);
       kernels.emplace_back();
-      cast_ok = cast_ok && copy_dtype(dt) && widening_or_same(dt, out_dt);
+      cast_ok = cast_ok && widening_or_same(dt, out_dt);
       if (!late && cast_ok && !kernels.back().init(dt, out_dt, /*through_cat=*/false)) late = Kind::Dtype;
     }
     c.meta = t.dtype();
@@ -532,7 +547,7 @@ std::optional<CallResult> chunk_cat_mixed(at::TensorList tensors, int64_t dim, i
     stream = stream || streamed;
     write_pass(kernels[g], layout, out_numel, oes, moved, streamed);
   }
-  return chunk_cat_served(scan.pairs, out, static_cast<int64_t>(dtypes.size()), stream, bump);
+  return chunk_cat_served(tensors, scan.pairs, out, static_cast<int64_t>(dtypes.size()), stream, bump, rule);
 }
 
 namespace {

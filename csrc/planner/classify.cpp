@@ -2,7 +2,6 @@
 #include "planner/classify.h"
 
 #include <ATen/MemoryOverlap.h>
-#include <c10/core/InferenceMode.h>
 #include <c10/core/UndefinedTensorImpl.h>
 #include <c10/util/SmallVector.h>
 
@@ -99,7 +98,7 @@ PairClass stock(Kind kind, int8_t sub) {
 
 }  // namespace
 
-Refusal tensor_refusal(const c10::TensorImpl& t, bool written, bool grad_check) {
+Refusal tensor_refusal(const c10::TensorImpl& t, bool written, const RuleContext& rule) {
   const int8_t side = written ? kSubDst : kSubSrc;
   if (is_undefined(t)) return {Kind::Subclass, side};
   if (t.key_set() != plain_cpu_keys()) {
@@ -111,19 +110,19 @@ Refusal tensor_refusal(const c10::TensorImpl& t, bool written, bool grad_check) 
   if (!copy_dtype(t.dtype().toScalarType())) return {Kind::MayRaise, kSubOddDtype};
   // Stock's version bump raises for a written tensor without a counter outside inference mode,
   // after its write.
-  if (written && !has_version_counter(t) && !c10::InferenceMode::is_enabled()) return {Kind::MayRaise, kSubInference};
+  if (written && !has_version_counter(t) && !rule.in_inference) return {Kind::MayRaise, kSubInference};
   // Only a tensor with autograd metadata can require grad (no virtual call for the others).
-  if (grad_check && t.autograd_meta() != nullptr && t.requires_grad()) {
+  if (rule.grad_check && t.autograd_meta() != nullptr && t.requires_grad()) {
     return {Kind::RequiresGrad, side};
   }
   return {};
 }
 
 PairClass classify_pair(const c10::TensorImpl& d, const c10::TensorImpl& s, const CapabilityTable& caps,
-                        bool grad_check) {
+                        const RuleContext& rule) {
   {
-    const Refusal rd = tensor_refusal(d, true, grad_check);
-    const Refusal rs = tensor_refusal(s, false, grad_check);
+    const Refusal rd = tensor_refusal(d, true, rule);
+    const Refusal rs = tensor_refusal(s, false, rule);
     if (rd || rs) {
       const Refusal& first = !rs || (rd && step_of(rd) <= step_of(rs)) ? rd : rs;
       return stock(first.kind, first.sub);
@@ -181,17 +180,12 @@ bool same_layout(const c10::TensorImpl& d, const c10::TensorImpl& s) {
   return d.sizes() == s.sizes() && dense(d) && dense(s) && same_strides(d, s);
 }
 
-Refusal fast_route_tensor(const c10::TensorImpl& t, bool written, bool grad_check) {
-  const Refusal r = tensor_refusal(t, written, grad_check);
+Refusal fast_route_tensor(const c10::TensorImpl& t, bool written, const RuleContext& rule) {
+  const Refusal r = tensor_refusal(t, written, rule);
   if (r || !(t.is_conj() || t.is_neg())) return r;
   return {Kind::ConjNeg, 0};
 }
 
-bool stock_bumps_pair(const c10::TensorImpl& d, const c10::TensorImpl& s, bool in_inference) {
-  // TensorImpl::is_inference() reads only the key set, but is not const.
-  auto inference = [](const c10::TensorImpl& t) { return const_cast<c10::TensorImpl&>(t).is_inference(); };
-  return has_version_counter(d) && (!in_inference || !inference(d) || !inference(s));
-}
 
 int64_t lazy_bit_dst(at::TensorList dsts) {
   for (size_t i = 0; i < dsts.size(); ++i) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/core/TensorImpl.h>
 
 #include <cstdint>
@@ -21,7 +22,7 @@ enum class Kind : int8_t {
   NotTensor = 0,
   Subclass,
   NoStorage,     // a strided tensor without storage (lazy, XLA): no address to plan with
-  RequiresGrad,  // a written tensor that requires grad under grad mode where the call skipped autograd: stock raises there
+  RequiresGrad,  // a tensor that requires grad under grad mode where the call skipped autograd: stock raises there
   Layout,
   Meta,
   MayRaise,
@@ -58,6 +59,14 @@ enum Sub : int8_t {
   kSubComplexToReal = 0, kSubUnsupported = 1,  // dtype
 };
 
+// The thread state the rule reads, taken once on the calling thread (workers of a parallel region
+// do not carry InferenceMode or GradMode).
+struct RuleContext {
+  bool grad_check = false;    // grad mode is on and the caller bypassed autograd
+  bool in_inference = false;  // c10::InferenceMode is enabled
+  static RuleContext here(bool grad_check = false) { return {grad_check, c10::InferenceMode::is_enabled()}; }
+};
+
 struct Refusal {
   Kind kind = Kind::None;
   int8_t sub = 0;
@@ -68,15 +77,15 @@ struct Refusal {
 // tensor the fast path may address directly, or the first reason it may not, in this order:
 // subclass (a __torch_dispatch__ of its own, a wrapper, nested, undefined), layout (not strided),
 // meta, no_storage, may_raise (a dtype copy_ may raise on; a written tensor without a version
-// counter outside inference mode), then, with `grad_check` (grad mode is on and the caller
-// bypassed autograd), requires_grad. `sub` names the side.
-Refusal tensor_refusal(const c10::TensorImpl& t, bool written, bool grad_check = false);
+// counter outside inference mode), then, with `rule.grad_check`, requires_grad. `sub` names the
+// side (meta: always kSubDst).
+Refusal tensor_refusal(const c10::TensorImpl& t, bool written, const RuleContext& rule);
 
 // The tensor rule for an entry with no per-pair fallback (the FSDP copies): tensor_refusal, then
 // conj_neg for a lazy conjugate or negative bit, which the pair rule leaves to a fallback pair.
-Refusal fast_route_tensor(const c10::TensorImpl& t, bool written, bool grad_check);
-inline Refusal fast_route_tensor(const at::Tensor& t, bool written, bool grad_check) {
-  return fast_route_tensor(*t.unsafeGetTensorImpl(), written, grad_check);
+Refusal fast_route_tensor(const c10::TensorImpl& t, bool written, const RuleContext& rule);
+inline Refusal fast_route_tensor(const at::Tensor& t, bool written, const RuleContext& rule) {
+  return fast_route_tensor(*t.unsafeGetTensorImpl(), written, rule);
 }
 
 // The kernels a pair may take.
@@ -100,9 +109,10 @@ struct PairClass {
 // then the fast route: same device, both dense with equal strides, no lazy conjugate or negative
 // bit, no complex -> real, a capability for the device.
 PairClass classify_pair(const c10::TensorImpl& d, const c10::TensorImpl& s, const CapabilityTable& caps,
-                        bool grad_check = false);
-inline PairClass classify_pair(const at::Tensor& d, const at::Tensor& s, const CapabilityTable& caps) {
-  return classify_pair(*d.unsafeGetTensorImpl(), *s.unsafeGetTensorImpl(), caps);
+                        const RuleContext& rule);
+inline PairClass classify_pair(const at::Tensor& d, const at::Tensor& s, const CapabilityTable& caps,
+                               const RuleContext& rule) {
+  return classify_pair(*d.unsafeGetTensorImpl(), *s.unsafeGetTensorImpl(), caps, rule);
 }
 
 // Whether the tensor has a version counter: false for an inference tensor and for one made in
@@ -111,10 +121,21 @@ inline PairClass classify_pair(const at::Tensor& d, const at::Tensor& s, const C
 inline bool has_version_counter(const c10::TensorImpl& t) { return t.version_counter().enabled(); }
 inline bool has_version_counter(const at::Tensor& t) { return has_version_counter(*t.unsafeGetTensorImpl()); }
 
-// Whether stock's copy of the pair moves dst's version counter (when bumps apply at all). Inside
-// inference mode stock bumps a pair only when one of its tensors is not inference-keyed, so a
-// destination with a counter but inference keys stays put with an inference source.
-bool stock_bumps_pair(const c10::TensorImpl& d, const c10::TensorImpl& s, bool in_inference);
+// Inference-keyed: no ADInplaceOrView key (an inference tensor, or a normal one given an inference
+// tensor's `.data`).
+inline bool inference_keyed(const c10::TensorImpl& t) { return !t.key_set().has(c10::DispatchKey::ADInplaceOrView); }
+
+// The bump rule: whether stock's call moves the version counter of `written`, a tensor it writes
+// (when bumps apply at all). Its ADInplaceOrView kernel runs unless, inside inference mode, every
+// tensor of the call is inference-keyed (`all_inference_keyed`); a tensor without a counter never
+// moves.
+inline bool stock_bumps(const c10::TensorImpl& written, bool all_inference_keyed, bool in_inference) {
+  return has_version_counter(written) && (!in_inference || !all_inference_keyed);
+}
+// The same for one pair of stock's per-pair copy_ loop.
+inline bool stock_bumps_pair(const c10::TensorImpl& d, const c10::TensorImpl& s, bool in_inference) {
+  return stock_bumps(d, inference_keyed(d) && inference_keyed(s), in_inference);
+}
 inline bool stock_bumps_pair(const at::Tensor& d, const at::Tensor& s, bool in_inference) {
   return stock_bumps_pair(*d.unsafeGetTensorImpl(), *s.unsafeGetTensorImpl(), in_inference);
 }

@@ -1,7 +1,6 @@
 #include "planner/one_pass.h"
 
 #include <ATen/record_function.h>
-#include <c10/core/DispatchKeySet.h>
 
 #include <algorithm>
 #include <atomic>
@@ -36,7 +35,7 @@ bool OnePass::prepare(at::TensorList dsts, at::TensorList srcs, const Capability
     impls[i] = dsts[i].unsafeGetTensorImpl();
     impls[dsts.size() + i] = srcs[i].unsafeGetTensorImpl();
   }
-  return prepare(impls.data(), impls.data() + dsts.size(), dsts.size(), caps, false);
+  return prepare(impls.data(), impls.data() + dsts.size(), dsts.size(), caps, RuleContext::here());
 }
 
 void OnePass::reset(int64_t split_threads) {
@@ -56,7 +55,7 @@ void OnePass::reset(int64_t split_threads) {
 }
 
 bool OnePass::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* srcs, size_t n,
-                       const CapabilityTable& caps, bool grad_check) {
+                       const CapabilityTable& caps, const RuleContext& rule) {
   cap_ = caps.get(c10::DeviceType::CPU);
   // A whole_list_only entry (a test making CPU follow CUDA's rules): the planner decides.
   if (cap_ == nullptr || cap_->whole_list) return false;
@@ -84,7 +83,7 @@ bool OnePass::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* srcs
     // CPU pairs only, where the rule puts them on the fast route to the CPU pass, contiguous;
     // anything else is the planner's.
     if (d->device_type() != c10::DeviceType::CPU || s->device_type() != c10::DeviceType::CPU) return false;
-    const PairClass c = classify_pair(*d, *s, caps, grad_check);
+    const PairClass c = classify_pair(*d, *s, caps, rule);
     if (c.route == Route::Empty) {
       ++empty_;
       continue;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "planner/capability_table.h"
+#include "planner/classify.h"
 #include "planner/execute.h"
 #include "planner/spans.h"
 #include "cpu/copy_kernel.h"
@@ -38,11 +39,11 @@ class OnePass {
  public:
   // Reads metadata only (a copy-on-write destination, which asking for its pointer would copy,
   // is refused).
-  // Returns false when the call needs the full planner. `n` > 0 pairs. With `grad_check`, a
-  // tensor that requires grad is refused too (grad mode is on and the caller bypassed the
-  // dispatcher, whose Autograd kernel must see the call).
+  // Returns false when the call needs the full planner. `n` > 0 pairs. `rule`: the calling
+  // thread's state the rule reads (planner/classify.h; with grad_check, a tensor that requires
+  // grad is refused: the dispatcher's Autograd kernel must see the call).
   bool prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* srcs, size_t n,
-               const CapabilityTable& caps, bool grad_check);
+               const CapabilityTable& caps, const RuleContext& rule);
   bool prepare(at::TensorList dsts, at::TensorList srcs, const CapabilityTable& caps);
   // Back to a fresh one-pass plan, keeping the lists' storage (the threaded checks reuse its shares);
   // `split_threads` as CpuCopyBatch::reset.

@@ -42,6 +42,7 @@ OnePassCall::~OnePassCall() {
 
 OnePassCall::Step OnePassCall::prepare(const CapabilityTable& caps, bool grad_check, int64_t max_held_bytes,
                                  bool threads, bool bump, int64_t serial_moved_bytes) {
+  const RuleContext rule = RuleContext::here(grad_check);
   TORCH_INTERNAL_ASSERT(bump || !threads, "the threaded checks always bump");
   bump_ = bump;
   serial_moved_bytes_ = serial_moved_bytes;
@@ -50,7 +51,7 @@ OnePassCall::Step OnePassCall::prepare(const CapabilityTable& caps, bool grad_ch
   if (threads && ThreadedChecks::wanted(n_)) {
     // Checks split across threads; a call under `max_held_bytes` is copied in the same region.
     use_threads_ = true;
-    switch (threaded_->prepare(d, s, n_, caps, grad_check, max_held_bytes)) {
+    switch (threaded_->prepare(d, s, n_, caps, rule, max_held_bytes)) {
       case ThreadedChecks::Outcome::Refused:
         return Step::Refused;
       case ThreadedChecks::Outcome::Copied:  // bumped too
@@ -61,7 +62,7 @@ OnePassCall::Step OnePassCall::prepare(const CapabilityTable& caps, bool grad_ch
     }
   }
   one_pass_.emplace();
-  if (!one_pass_->prepare(d, s, n_, caps, grad_check)) return Step::Refused;
+  if (!one_pass_->prepare(d, s, n_, caps, rule)) return Step::Refused;
   if (one_pass_->bytes() > max_held_bytes) return Step::Prepared;
   counts_ = one_pass_->run(serial_moved_bytes_);
   bump_all();

@@ -31,12 +31,13 @@ class OnePassCall {
 
   enum class Step { Refused, Copied, Prepared };
   // Refused: nothing written, the full planner decides. Copied: every pair copied, each
-  // destination's version counter moved once. Prepared: every pair passed and more than
-  // `max_held_bytes` bytes wait for copy(). With `grad_check`, a tensor that requires grad is
-  // refused. Raises what OnePass::prepare raises, nothing written.
+  // destination's version counter moved as stock moves it (planner/classify.h stock_bumps_pair).
+  // Prepared: every pair passed and more than `max_held_bytes` bytes wait for copy(). With
+  // `grad_check` (grad mode on, the dispatcher bypassed), a tensor that requires grad is refused.
+  // Raises what OnePass::prepare raises, nothing written.
   // `threads`: lists of ThreadedChecks::wanted() length take the threaded checks (planner/copy_call.cpp says why
-  // calls through the dispatcher do not). `bump`: move each destination's version counter once after the
-  // copy (false: none moves, as below ADInplaceOrView; the threaded checks always bump, so this
+  // calls through the dispatcher do not). `bump`: move each destination's version counter as stock does after
+  // the copy (false: none moves, as below ADInplaceOrView; the threaded checks always bump, so this
   // needs `threads` false). `serial_moved_bytes`: the one-thread one-pass plan's copy stays on the calling
   // thread up to that many bytes read plus written (CpuCopyBatch::run).
   Step prepare(const CapabilityTable& caps, bool grad_check, int64_t max_held_bytes, bool threads = true,

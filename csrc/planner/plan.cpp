@@ -3,10 +3,8 @@
 #include "planner/plan.h"
 #include "planner/device_batching.h"
 #include "planner/spans.h"
-#include "cpu/storage_write.h"
 
 #include <c10/util/Exception.h>
-#include <c10/util/SmallVector.h>
 
 #include <algorithm>
 #include <atomic>
@@ -70,7 +68,7 @@ class Planner {
     for (int64_t i = 0; i < plan_.n; ++i) {
       const auto& d = dsts_[i];
       const auto& s = srcs_[i];
-      const PairClass c = classify_pair(d, s, caps_);
+      const PairClass c = classify_pair(d, s, caps_, rule_);
       if (c.route == Route::Stock) return stock(c.why.kind, i, c.why.sub);
       if (c.route == Route::Empty) {
         plan_.empty.push_back(i);
@@ -156,7 +154,7 @@ class Planner {
     const int64_t n = plan_.n;
     for (int64_t k = 0; k < 2 * n; ++k) {
       const auto& t = k < n ? dsts_[k] : srcs_[k - n];
-      const Kind k_why = tensor_refusal(*t.unsafeGetTensorImpl(), k < n).kind;
+      const Kind k_why = tensor_refusal(*t.unsafeGetTensorImpl(), k < n, rule_).kind;
       if (k_why == Kind::Subclass || k_why == Kind::Layout || k_why == Kind::Meta) return nullptr;
       if (found == nullptr) {
         const Capability* cap = caps_.get(t.device().type());
@@ -501,6 +499,7 @@ class Planner {
 
   at::TensorList dsts_, srcs_;
   const CapabilityTable& caps_;
+  const RuleContext rule_ = RuleContext::here();
   bool non_blocking_;
   std::vector<PairInfo> info_;
   std::vector<Interval> dst_iv_, src_iv_;

@@ -155,10 +155,10 @@ void ThreadedChecks::join(size_t shares, size_t passed, Plan* p) const {
 }
 
 ThreadedChecks::Outcome ThreadedChecks::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* srcs,
-                                          size_t n, const CapabilityTable& caps, bool grad_check,
+                                          size_t n, const CapabilityTable& caps, const RuleContext& rule,
                                           int64_t max_region_bytes) {
 #ifndef _OPENMP
-  (void)dsts, (void)srcs, (void)n, (void)caps, (void)grad_check, (void)max_region_bytes;
+  (void)dsts, (void)srcs, (void)n, (void)caps, (void)rule, (void)max_region_bytes;
   return Outcome::Refused;
 #else
   const int threads = at::get_num_threads();
@@ -181,8 +181,8 @@ ThreadedChecks::Outcome ThreadedChecks::prepare(c10::TensorImpl* const* dsts, c1
   offsets_.reserve(threads);
   int team = 1;
   bool copy_here = false;
-  // Read on the calling thread: InferenceMode is thread-local and the workers do not carry it.
-  const bool in_inference = c10::InferenceMode::is_enabled();
+  // The calling thread's InferenceMode (the workers do not carry it), as the rule read it.
+  const bool in_inference = rule.in_inference;
   // Profiler ranges, opened and closed on the calling thread (the master), around the copy.
   std::optional<KernelRanges> ranges;
 #pragma omp parallel num_threads(threads)
@@ -200,7 +200,7 @@ ThreadedChecks::Outcome ThreadedChecks::prepare(c10::TensorImpl* const* dsts, c1
       WarningLog log;
       c10::WarningUtils::WarningHandlerGuard guard(&log);
       try {
-        r.ok = pass.prepare(dsts + b, srcs + b, e - b, caps, grad_check);
+        r.ok = pass.prepare(dsts + b, srcs + b, e - b, caps, rule);
         if (r.ok) pass.batch().finish();
       } catch (...) {
         r.ok = false;

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "planner/capability_table.h"
+#include "planner/classify.h"
 #include "planner/one_pass.h"
 
 namespace npu_dispatch {
@@ -42,12 +43,12 @@ class ThreadedChecks {
   enum class Outcome { Refused, Prepared, Copied };
   // Refused: nothing written, the planner decides. Prepared: every pair passed; the bytes are
   // above `max_region_bytes`, so run() copies them (after the caller drops the GIL), and the
-  // caller bumps the versions. Copied: done, every destination's version counter moved once,
-  // each after its bytes were written (the one-pass plan takes only destinations with a counter, so no
-  // bump can raise); counts() holds the CallResult. Raises what OnePass::prepare raises for
+  // caller bumps the versions. Copied: done, every destination's version counter moved as stock
+  // moves it (planner/classify.h stock_bumps_pair), each after its bytes were written;
+  // counts() holds the CallResult. Raises what OnePass::prepare raises for
   // the first such pair, as it would.
   Outcome prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* srcs, size_t n,
-                  const CapabilityTable& caps, bool grad_check, int64_t max_region_bytes);
+                  const CapabilityTable& caps, const RuleContext& rule, int64_t max_region_bytes);
   // Destination bytes (after Prepared or Copied).
   int64_t bytes() const { return bytes_; }
   // After Prepared: copies every pair (at::parallel_for over the destination bytes).
