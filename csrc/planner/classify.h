@@ -1,7 +1,8 @@
 // The library's one eligibility rule: whether a copy pair may leave stock's op, which kernel takes
 // it, or why it stays stock's. The planner (plan.cpp), the one-pass plan (one_pass.cpp, and the
 // threaded checks that drive it) and the FSDP copies (fsdp/copies.cpp) all ask it; none decides
-// on its own. The list-level half (overlap between pairs, coalescing, grouping) is the planner's
+// on its own. Its hot half is inline (planner/classify_impl.h): the one-pass plan asks it for
+// every pair. The list-level half (overlap between pairs, coalescing, grouping) is the planner's
 // and the overlap rule planner/spans.h.
 #pragma once
 
@@ -79,7 +80,7 @@ struct Refusal {
 // meta, no_storage, may_raise (a dtype copy_ may raise on; a written tensor without a version
 // counter outside inference mode), then, with `rule.grad_check`, requires_grad. `sub` names the
 // side (meta: always kSubDst).
-Refusal tensor_refusal(const c10::TensorImpl& t, bool written, const RuleContext& rule);
+inline Refusal tensor_refusal(const c10::TensorImpl& t, bool written, const RuleContext& rule);
 
 // The tensor rule for an entry with no per-pair fallback (the FSDP copies): tensor_refusal, then
 // conj_neg for a lazy conjugate or negative bit, which the pair rule leaves to a fallback pair.
@@ -108,8 +109,8 @@ struct PairClass {
 // or may_raise), a 0-dim CPU conversion (order_dependent), empty, a self-overlapping destination,
 // then the fast route: same device, both dense with equal strides, no lazy conjugate or negative
 // bit, no complex -> real, a capability for the device.
-PairClass classify_pair(const c10::TensorImpl& d, const c10::TensorImpl& s, const CapabilityTable& caps,
-                        const RuleContext& rule);
+inline PairClass classify_pair(const c10::TensorImpl& d, const c10::TensorImpl& s, const CapabilityTable& caps,
+                               const RuleContext& rule);
 inline PairClass classify_pair(const at::Tensor& d, const at::Tensor& s, const CapabilityTable& caps,
                                const RuleContext& rule) {
   return classify_pair(*d.unsafeGetTensorImpl(), *s.unsafeGetTensorImpl(), caps, rule);
@@ -146,7 +147,7 @@ int64_t lazy_bit_dst(at::TensorList dsts);
 
 // copy_ between these never raises; others (quantized, bits, float8...) may raise midway, so the
 // whole call stays on stock.
-bool copy_dtype(c10::ScalarType t);
+inline bool copy_dtype(c10::ScalarType t);
 
 // Dense: contiguous in some dim order.
 bool dense(const c10::TensorImpl& t);
@@ -156,3 +157,5 @@ bool dense(const c10::TensorImpl& t);
 bool same_layout(const c10::TensorImpl& d, const c10::TensorImpl& s);
 
 }  // namespace npu_dispatch
+
+#include "planner/classify_impl.h"
