@@ -246,6 +246,18 @@ def storage_bytes(t: torch.Tensor) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage()).clone()
 
 
+def shard_bits(t: torch.Tensor) -> torch.Tensor:
+    """The bytes of a tensor or of a DTensor's local shard (FSDP2's parameters and gradients)."""
+    t = t.to_local() if hasattr(t, "to_local") else t
+    return t.detach().reshape(-1).view(torch.uint8).clone()
+
+
+def same_shards(a, b) -> bool:
+    """Bitwise equality of two lists of tensors or local shards (None matching None only)."""
+    return len(a) == len(b) and all((x is None) == (y is None) and (x is None or torch.equal(shard_bits(x), shard_bits(y)))
+                                    for x, y in zip(a, b))
+
+
 def bits(t: torch.Tensor) -> torch.Tensor:
     # A fresh contiguous copy: .contiguous() keeps odd strides on size-1 dims, which view() rejects.
     flat = t.detach().reshape(-1).clone(memory_format=torch.contiguous_format)

@@ -30,6 +30,7 @@ import torch.multiprocessing as mp
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from npu_dispatch import _native
+from cases import same_shards as _same, shard_bits as _bits
 
 if not dist.is_available():
     pytest.skip("torch built without distributed", allow_module_level=True)
@@ -168,16 +169,6 @@ def _model(fully_shard):
         fully_shard(block, mp_policy=policy, reshard_after_forward=True)
     fully_shard(model, mp_policy=policy)
     return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
-
-
-def _bits(t):
-    t = t.to_local() if hasattr(t, "to_local") else t
-    return t.detach().reshape(-1).view(torch.uint8).clone()
-
-
-def _same(a, b) -> bool:
-    return len(a) == len(b) and all((x is None) == (y is None) and (x is None or torch.equal(_bits(x), _bits(y)))
-                                    for x, y in zip(a, b))
 
 
 def _copy_ops() -> dict:
