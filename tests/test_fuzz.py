@@ -302,7 +302,10 @@ def _chunk_cat_case(rng, mixed: bool):
     rows = [rng.randint(1, 7) for _ in range(n)]
     out_dt = rng.choice([f32, f32, bf16, f16]) if not mixed else f32
     # fp16 -> fp32: Ascend 910A's mixed precision (no bf16 there).
-    in_dts = [rng.choice([bf16, f16, f32]) for _ in range(n)] if mixed else [rng.choice([bf16, f16, out_dt])] * n
+    # A mixed list with fp16 stays stock's on a CPU whose copy_ splits fp16 FBGEMM's way (its casts
+    # are copy_'s): drawn in a fifth of the mixed calls, so most still reach the fast path.
+    mixed_dts = [bf16, f16, f32] if rng.random() < 0.2 else [bf16, f32]
+    in_dts = [rng.choice(mixed_dts) for _ in range(n)] if mixed else [rng.choice([bf16, f16, out_dt])] * n
     bad = rng.random()
 
     def make(gen):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import glob
 import importlib.util
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -90,6 +91,14 @@ def patch_file(tmp_path_factory) -> Path:
             text = z.read(PATCH_FILE)
     except (zipfile.BadZipFile, KeyError) as e:
         pytest.skip(f"{wheel.name} has no readable {PATCH_FILE}: {e}")
+    # The FSDP2 methods the file patches must exist in this torch (torch_npu's release is made for
+    # one torch: torch-npu 2.14.0's file patches a method torch 2.15 no longer has).
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+    missing = sorted({m for m in re.findall(r"FSDPParamGroup\.(\w+)", text.decode()) if not hasattr(FSDPParamGroup, m)})
+    if missing:
+        pytest.skip(f"torch-npu=={TORCH_NPU}'s {PATCH_FILE} patches FSDPParamGroup.{', '.join(missing)}, which torch "
+                    f"{torch.__version__} does not have")
     out = tmp_path_factory.mktemp("torch_npu_fsdp") / "_add_fsdp_patch.py"
     out.write_bytes(text)
     return out

@@ -4,6 +4,7 @@
 
 #include <ATen/MemoryOverlap.h>
 #include <c10/core/UndefinedTensorImpl.h>
+#include <c10/macros/Macros.h>
 
 #include "cpu/storage_write.h"
 
@@ -106,10 +107,12 @@ inline bool copy_dtype(c10::ScalarType t) {
   }
 }
 
-inline Refusal tensor_refusal(const c10::TensorImpl& t, bool written, const RuleContext& rule) {
+// tensor_refusal, where `plain` says the tensor carries an ordinary CPU tensor's keys (which answer
+// its subclass, layout, meta and storage steps).
+C10_ALWAYS_INLINE Refusal tensor_refusal_keyed(const c10::TensorImpl& t, bool written, const RuleContext& rule, bool plain) {
   const int8_t side = written ? kSubDst : kSubSrc;
-  if (classify_detail::is_undefined(t)) return {Kind::Subclass, side};
-  if (t.key_set() != classify_detail::plain_cpu_keys()) {
+  if (!plain) {
+    if (classify_detail::is_undefined(t)) return {Kind::Subclass, side};
     if (t.key_set().has_any(classify_detail::subclass_keys())) return {Kind::Subclass, side};
     if (t.layout() != at::kStrided) return {Kind::Layout, side};
     if (t.is_meta()) return {Kind::Meta, kSubDst};
@@ -126,11 +129,18 @@ inline Refusal tensor_refusal(const c10::TensorImpl& t, bool written, const Rule
   return {};
 }
 
-inline PairClass classify_pair(const c10::TensorImpl& d, const c10::TensorImpl& s, const CapabilityTable& caps,
+inline Refusal tensor_refusal(const c10::TensorImpl& t, bool written, const RuleContext& rule) {
+  return tensor_refusal_keyed(t, written, rule, t.key_set() == classify_detail::plain_cpu_keys());
+}
+
+C10_ALWAYS_INLINE PairClass classify_pair(const c10::TensorImpl& d, const c10::TensorImpl& s, const CapabilityTable& caps,
                         const RuleContext& rule) {
+  const c10::DispatchKeySet plain_keys = classify_detail::plain_cpu_keys();
+  // Both ordinary CPU tensors: the keys answer the tensor rule's first steps and the lazy bits.
+  const bool plain = d.key_set() == plain_keys && s.key_set() == plain_keys;
   {
-    const Refusal rd = tensor_refusal(d, true, rule);
-    const Refusal rs = tensor_refusal(s, false, rule);
+    const Refusal rd = tensor_refusal_keyed(d, true, rule, plain || d.key_set() == plain_keys);
+    const Refusal rs = tensor_refusal_keyed(s, false, rule, plain || s.key_set() == plain_keys);
     if (rd || rs) {
       const Refusal& first = !rs || (rd && classify_detail::step_of(rd) <= classify_detail::step_of(rs)) ? rd : rs;
       return classify_detail::stock(first.kind, first.sub);
@@ -168,7 +178,7 @@ inline PairClass classify_pair(const c10::TensorImpl& d, const c10::TensorImpl& 
     off = {Kind::NotDense, kSubSrc};
   } else if (!c.contiguous && !classify_detail::same_strides(d, s)) {
     off = {Kind::Strides, 0};
-  } else if (d.is_conj() || s.is_conj() || d.is_neg() || s.is_neg()) {
+  } else if (!plain && (d.is_conj() || s.is_conj() || d.is_neg() || s.is_neg())) {
     off = {Kind::ConjNeg, 0};
   } else if (at::isComplexType(s.dtype().toScalarType()) && !at::isComplexType(d.dtype().toScalarType())) {
     off = {Kind::Dtype, kSubComplexToReal};
