@@ -24,6 +24,20 @@ interception_only = pytest.mark.skipif(
     PYTHON_PATH, reason="checks the C++ interception's own mechanics; this run takes the Python dispatch-mode path")
 
 
+def require_native(distributed: bool = False) -> None:
+    """A test module's gate, called at import: skipped with its reason without torch.distributed
+    (where `distributed`) or without the native library; where CI requires the library
+    (NPU_DISPATCH_REQUIRE_NATIVE=1) its absence fails instead of skipping."""
+    from npu_dispatch import _native
+
+    if distributed and not torch.distributed.is_available():
+        pytest.skip("torch built without distributed", allow_module_level=True)
+    if not _native.available():
+        if os.environ.get("NPU_DISPATCH_REQUIRE_NATIVE") == "1":
+            pytest.fail(f"native library required: {_native.status()[1]}", pytrace=False)
+        pytest.skip(f"native library not built: {_native.status()[1]}", allow_module_level=True)
+
+
 def _reduce_scatter_copy_in() -> str:
     """The op FSDP2 of this torch issues for its reduce-scatter copy-in: fsdp.chunk_cat_mixed_dtype
     from torch 2.15 (fsdp.chunk_cat is kept there but not called), fsdp.chunk_cat before."""

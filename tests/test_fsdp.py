@@ -14,15 +14,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from npu_dispatch import _native
-from cases import same_shards as _same, shard_bits as _bits
+from cases import require_native, same_shards as _same, shard_bits as _bits
 
-if not dist.is_available():
-    pytest.skip("torch built without distributed", allow_module_level=True)
-if not _native.available():
-    if os.environ.get("NPU_DISPATCH_REQUIRE_NATIVE") == "1":
-        pytest.fail(f"native library required: {_native.status()[1]}", pytrace=False)
-    pytest.skip(f"native library not built: {_native.status()[1]}", allow_module_level=True)
+require_native(distributed=True)
 
 STEPS = 2
 

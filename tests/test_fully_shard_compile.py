@@ -23,16 +23,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from npu_dispatch import _native
+from cases import require_native
 from cases import RS_COPY_IN
 from test_fsdp import _bits, _grads, _params, _same  # the bitwise comparisons of the eager FSDP2 test
 
-if not dist.is_available():
-    pytest.skip("torch built without distributed", allow_module_level=True)
-if not _native.available():
-    if os.environ.get("NPU_DISPATCH_REQUIRE_NATIVE") == "1":
-        pytest.fail(f"native library required: {_native.status()[1]}", pytrace=False)
-    pytest.skip(f"native library not built: {_native.status()[1]}", allow_module_level=True)
+require_native(distributed=True)
 
 STEPS = 3
 BLOCKS = 3
