@@ -271,7 +271,7 @@ PyObject* chunk_cat_direct(PyObject* /*self*/, PyObject* const* args, Py_ssize_t
   {
     std::optional<pybind11::gil_scoped_release> no_gil;
     if (release) no_gil.emplace();
-    counts = chunk_cat(tensors, dim, num_chunks, out, false, true, /*split_checks=*/true, &why);
+    counts = chunk_cat(tensors, dim, num_chunks, out, false, true, &why);
   }
   if (!counts) Py_RETURN_FALSE;
   record_call(kOpChunkCat, *counts, now_ns() - t0);

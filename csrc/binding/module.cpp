@@ -10,6 +10,8 @@
 
 #include "binding/direct_entry.h"
 #include "binding/to_python.h"
+#include "cpu/byte_pass.h"
+#include "planner/threaded_checks.h"
 #include "cpu/copy_kernel.h"
 #include "cpu/stream_copy.h"
 #include "dispatch/dispatcher_facts.h"
@@ -19,7 +21,6 @@
 #include "planner/capability_table.h"
 #include "planner/copy_call.h"
 #include "planner/one_pass.h"
-#include "planner/threaded_checks.h"
 
 namespace npu_dispatch::binding {
 namespace {
@@ -106,9 +107,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("self_check", torch::wrap_pybind_function([] { return conversion_checks(self_check()); }),
         "Which CPU conversions matched stock at load.");
   m.def("info", [] {
-    const auto k = kernel_counters();
-    return pyb::dict(pyb::arg("kernel_passes") = k[0], pyb::arg("kernel_items") = k[1],
-                     pyb::arg("kernel_bytes") = k[2], pyb::arg("kernel_streamed_bytes") = k[3],
+    const KernelCounters k = kernel_counters();
+    return pyb::dict(pyb::arg("kernel_passes") = k.passes, pyb::arg("kernel_items") = k.items,
+                     pyb::arg("kernel_bytes") = k.bytes, pyb::arg("kernel_streamed_bytes") = k.streamed,
                      pyb::arg("one_pass_calls") = one_pass_calls(),
                      pyb::arg("threaded_check_calls") = threaded_check_calls(),
                      pyb::arg("stream_moved_bytes") = stream_moved_bytes());

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <string>
 
+#include "cpu/byte_pass.h"
 #include "cpu/convert.h"
 #include "cpu/stream_copy.h"
 
@@ -43,7 +44,6 @@ namespace {
 using Config = KernelConfig;
 
 std::atomic<const Config*> g_config{nullptr};
-std::atomic<int64_t> g_passes{0}, g_items{0}, g_bytes{0}, g_streamed{0};
 
 const Config* published_config() {
   static const Config none{};
@@ -267,10 +267,8 @@ bool CpuCopyBatch::alternate() {
   return backward;
 }
 
-bool CpuCopyBatch::streams(int64_t moved_bytes) { return moved_bytes >= stream_moved_bytes(); }
-
-void CpuCopyBatch::copy_bytes(int64_t begin, int64_t end, bool backward, bool stream) const {
-  if (begin >= end) return;
+int64_t CpuCopyBatch::copy_bytes(int64_t begin, int64_t end, bool backward, bool stream) const {
+  if (begin >= end) return 0;
   const Config& cfg = *config_;
   // Items [first, last) hold the range: the first ending after `begin` up to the first ending at
   // or after `end`.
@@ -287,36 +285,16 @@ void CpuCopyBatch::copy_bytes(int64_t begin, int64_t end, bool backward, bool st
   } else {
     for (size_t k = first; k < last; ++k) one(k);
   }
-  if (streamed > 0) {
-    // Streaming stores are weakly ordered: done before this thread reports its range copied.
-    stream_fence();
-    g_streamed.fetch_add(streamed, std::memory_order_relaxed);
-  }
-}
-
-void CpuCopyBatch::count_pass(int64_t items, int64_t bytes, int64_t streamed) {
-  if (streamed > 0) g_streamed.fetch_add(streamed, std::memory_order_relaxed);
-  g_passes.fetch_add(1, std::memory_order_relaxed);
-  g_items.fetch_add(items, std::memory_order_relaxed);
-  g_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  return streamed;
 }
 
 void CpuCopyBatch::run(int64_t serial_moved_bytes) {
   if (items_.empty()) return;
   finish();
-  const bool stream = streams(moved_);
-  if (moved_ <= serial_moved_bytes) {
-    copy_bytes(0, total_, alternate(), stream);
-  } else {
-    at::parallel_for(0, total_, kCopyGrainBytes,
-                     [this, stream](int64_t b, int64_t e) { copy_bytes(b, e, alternate(), stream); });
-  }
-  count_pass(static_cast<int64_t>(items_.size()), total_);
+  byte_pass(total_, 1, moved_, static_cast<int64_t>(items_.size()), /*can_stream=*/true,
+            [this](int64_t b, int64_t e, bool stream) { return copy_bytes(b, e, alternate(), stream); },
+            serial_moved_bytes);
   items_.clear();
-}
-
-std::vector<int64_t> kernel_counters() {
-  return {g_passes.load(), g_items.load(), g_bytes.load(), g_streamed.load()};
 }
 
 // ---------------------------------------------------------------------------------------------

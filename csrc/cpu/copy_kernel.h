@@ -59,37 +59,35 @@ class CpuCopyBatch {
   void reserve(size_t n) { items_.reserve(n); }
   // Back to an empty batch with the published configuration, keeping the lists' storage.
   // `split_threads`: caller_threads() as read on the thread that will run the copy's
-  // parallel_for (the threaded checks resets each share on its own worker, inside its region).
+  // parallel_for (the threaded checks reset each share on its own worker, inside its region).
   void reset(int64_t split_threads);
   // The thread count FBGEMM's fp16 -> fp32 split follows for a copy called from this thread.
   static int64_t caller_threads();
-  // Copies every item: on the calling thread up to `serial_moved_bytes` read plus written, else
-  // split by destination bytes across threads (at::parallel_for); byte copies with streaming
-  // stores where streams() says so. Empties the work list.
+  // Copies every item in one byte_pass (cpu/byte_pass.h) over the items' destination bytes laid
+  // end to end: on the calling thread up to `serial_moved_bytes` read plus written, else split
+  // across threads; streaming stores where the pass moves more than the cache holds. Empties the
+  // work list.
   void run(int64_t serial_moved_bytes = kSerialMovedBytes);
   bool empty() const { return items_.empty(); }
   size_t size() const { return items_.size(); }
 
-  // A pass split by the caller (the threaded checks): finish() once, then copy_bytes() over any
-  // split of [0, total_bytes()), then count_pass() once. The work list must not change between.
-  void finish();
-  int64_t total_bytes() const { return total_; }  // destination bytes
-  int64_t moved_bytes() const { return moved_; }  // read plus written
-  // Whether a pass moving `moved_bytes` (read plus written, the whole call's) streams its byte
-  // copies: at or above stream_moved_bytes() (cpu/stream_copy.h) its bytes cannot stay in cache.
-  static bool streams(int64_t moved_bytes);
-  // Items are disjoint, so their order is free: `backward` copies the range's items last to
-  // first (each item still front to back). `stream`: byte copies with streaming stores, then
-  // this thread's fence.
-  void copy_bytes(int64_t begin, int64_t end, bool backward, bool stream) const;
   // The direction of this thread's next pass: each call flips it. A list copied again and again
   // whose bytes are about the size of a core's L2 (the small_many workload) then starts each
   // pass on the lines the last pass touched last, which are still cached; in one direction every
   // pass can evict its own next lines first and run at L3 speed.
   static bool alternate();
-  // One pass of `items` work items, `bytes` destination bytes, `streamed` of them in the copies
-  // made with streaming stores (kernel_counters; fsdp/chunk_cat_kernel.h counts its pass here too).
-  static void count_pass(int64_t items, int64_t bytes, int64_t streamed = 0);
+
+  // A pass split by the caller (the threaded checks): finish() once, then copy_bytes() over any
+  // split of [0, total_bytes()), then count_pass() (cpu/byte_pass.h) once. The work list must not
+  // change between.
+  // Lays the items end to end.
+  void finish();
+  int64_t total_bytes() const { return total_; }  // destination bytes
+  int64_t moved_bytes() const { return moved_; }  // read plus written
+  // Copies destination bytes [begin, end) of the items laid end to end; with `backward`, last
+  // item first (each item still front to back). Returns the bytes stored with streaming stores
+  // (`stream`); the caller fences them (stream_fence) before the range counts as copied.
+  int64_t copy_bytes(int64_t begin, int64_t end, bool backward, bool stream) const;
 
  private:
   const KernelConfig* config_;
@@ -99,9 +97,6 @@ class CpuCopyBatch {
   int64_t total_ = 0, moved_ = 0;
 };
 
-// Checks every conversion against stock copy_ on this machine and enables only the exact ones.
-// Returns one flag per CopyOp (1 enabled) followed by the variant used (0 none, 1 DEFAULT,
-// 2 AVX2, 3 AVX512) and whether FBGEMM's split is emulated, per conversion.
 // The conversion variant whose fp16 -> fp32 widening is ATen's copy kernel's (TensorIterator's loop,
 // which stock's cat casts with), as self_check() found it; nullptr before it or where none matched.
 const ConvertFns* iterator_f16_to_f32_fns();
@@ -115,11 +110,7 @@ struct ConversionCheck {
   const char* variant;
   bool fbgemm_split;
 };
+// Checks every conversion against stock copy_ on this machine and enables only the exact ones.
 std::vector<ConversionCheck> self_check();
-
-// passes, items, bytes, bytes of the copies made with streaming stores (each copy's unaligned
-// head and tail and chunk_cat's padding store normally): only this kernel moves them (tests use
-// it to see the C++ path ran).
-std::vector<int64_t> kernel_counters();
 
 }  // namespace npu_dispatch

@@ -150,7 +150,7 @@ void fsdp_chunk_cat(c10::DispatchKeySet ks, at::TensorList tensors, int64_t dim,
                     const at::Tensor& out) {
   static const auto op = handle<ChunkCatFn>(kOpFsdpChunkCat);
   serve_chunk_cat(op, kOpFsdpChunkCat, ks, tensors, dim, num_chunks, out, [&](Kind* why) {
-    return chunk_cat(tensors, dim, num_chunks, out, false, bumps_here(), /*split_checks=*/false, why);
+    return chunk_cat(tensors, dim, num_chunks, out, false, bumps_here(), why);
   });
 }
 

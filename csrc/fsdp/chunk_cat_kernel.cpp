@@ -3,6 +3,7 @@
 #include "fsdp/chunk_cat_kernel.h"
 
 
+#include "cpu/byte_pass.h"
 #include "cpu/convert.h"
 #include "cpu/copy_kernel.h"
 #include "cpu/stream_copy.h"
@@ -33,12 +34,7 @@ bool ChunkCatKernel::init(c10::ScalarType in_dtype, c10::ScalarType out_dtype, b
   return true;
 }
 
-bool ChunkCatKernel::streams(int64_t moved_bytes) const {
-  // A variant without streaming stores stores normally.
-  return CpuCopyBatch::streams(moved_bytes) && (!cast_ || widen_stream_ != nullptr);
-}
-
-void ChunkCatKernel::write(const ChunkCatLayout& l, int64_t lo, int64_t hi, bool stream) const {
+int64_t ChunkCatKernel::write(const ChunkCatLayout& l, int64_t lo, int64_t hi, bool stream) const {
   const int64_t oes = oes_;
   if (cast_) {
     (stream ? widen_stream_ : widen_)(l, lo, hi);
@@ -47,11 +43,15 @@ void ChunkCatKernel::write(const ChunkCatLayout& l, int64_t lo, int64_t hi, bool
   } else {
     chunk_cat_range(l, oes, oes, lo, hi, [oes](char* d, const char* s, int64_t n) { std::memcpy(d, s, n * oes); });
   }
-  if (stream) stream_fence();  // the weakly ordered stores done before the range counts as copied
+  return stream ? (hi - lo) * oes : 0;
 }
 
-void ChunkCatKernel::count(int64_t pairs, int64_t out_bytes, bool stream) {
-  CpuCopyBatch::count_pass(pairs, out_bytes, stream ? out_bytes : 0);
+bool ChunkCatKernel::pass(const ChunkCatLayout& layout, int64_t out_numel, int64_t moved_bytes, int64_t pairs) const {
+  // A variant without streaming stores stores normally.
+  const bool can_stream = !cast_ || widen_stream_ != nullptr;
+  byte_pass(out_numel, oes_, moved_bytes, pairs, can_stream,
+            [&](int64_t lo, int64_t hi, bool stream) { return write(layout, lo, hi, stream); });
+  return can_stream && streams(moved_bytes);
 }
 
 }  // namespace npu_dispatch

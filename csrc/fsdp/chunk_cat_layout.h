@@ -39,14 +39,14 @@ class ChunkCatKernel {
   // widens as that kernel does; else through copy_ (a contiguous slice, chunk_cat_mixed_dtype's
   // .to()), where only a cast the conversion table calls mergeable (no FBGEMM split) is taken.
   bool init(c10::ScalarType in_dtype, c10::ScalarType out_dtype, bool through_cat);
-  // Whether a pass moving this many bytes (read plus written) streams its stores.
-  bool streams(int64_t moved_bytes) const;
-  // out's elements [lo, hi); fenced when streamed.
-  void write(const ChunkCatLayout& layout, int64_t lo, int64_t hi, bool stream) const;
-  // One pass of `pairs` pieces with data, in the kernel's counters.
-  static void count(int64_t pairs, int64_t out_bytes, bool stream);
+  // One byte_pass (cpu/byte_pass.h) over out's `out_numel` elements, moving `moved_bytes` (read
+  // plus written), counted as `pairs` pieces with data. Returns whether it streamed its stores.
+  bool pass(const ChunkCatLayout& layout, int64_t out_numel, int64_t moved_bytes, int64_t pairs) const;
 
  private:
+  // out's elements [lo, hi); returns the bytes streamed (`stream`; unfenced).
+  int64_t write(const ChunkCatLayout& layout, int64_t lo, int64_t hi, bool stream) const;
+
   ChunkCatPass widen_ = nullptr, widen_stream_ = nullptr;  // none for a byte copy
   int64_t oes_ = 0;
   bool cast_ = false;

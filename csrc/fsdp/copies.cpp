@@ -11,15 +11,11 @@
 #include <ATen/record_function.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
-#include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/_chunk_cat.h>
 #include <ATen/ops/split_with_sizes_copy.h>
-#include <c10/core/impl/COW.h>
 
 #include <algorithm>
-#include <atomic>
-#include <thread>
 
 #include "planner/capability_table.h"
 #include "fsdp/chunk_cat_kernel.h"
@@ -294,13 +290,6 @@ std::optional<Kind> chunk_refusal(const ChunkScan& s, const at::Tensor& out, con
   return late;
 }
 
-// Until another thread has set `flag` (release): a spin, then yields.
-void wait_for(const std::atomic<int>& flag) {
-  for (int spins = 0; flag.load(std::memory_order_acquire) == 0; ++spins) {
-    if (spins >= 4096) std::this_thread::yield();
-  }
-}
-
 // chunk_cat's checks for a list led by t0 (dim already checked against t0's dims), with
 // the rule's thread state `rule`.
 ChunkCheck chunk_check(const at::Tensor& t0, const at::Tensor& out, int64_t dim, int64_t num_chunks,
@@ -357,22 +346,9 @@ std::optional<Kind> no_host_pass(const c10::Device& device) {
   return std::nullopt;
 }
 
-// out's elements written by one kernel pass over `layout`: serially up to the serial threshold of
-// bytes moved, else split across threads by out's bytes.
-void write_pass(const ChunkCatKernel& kernel, const ChunkCatLayout& layout, int64_t out_numel, int64_t oes,
-                int64_t moved, bool stream) {
-  if (moved <= kSerialMovedBytes) {
-    kernel.write(layout, 0, out_numel, stream);
-  } else {
-    at::parallel_for(0, out_numel, std::max<int64_t>(1, kCopyGrainBytes / oes),
-                     [&](int64_t lo, int64_t hi) { kernel.write(layout, lo, hi, stream); });
-  }
-}
-
-// A served chunk_cat's result, after its kernel counters and out's bump (with `bump`).
-CallResult chunk_cat_served(at::TensorList tensors, int64_t pairs, const at::Tensor& out, int64_t passes, bool stream,
-                            bool bump, const RuleContext& rule) {
-  ChunkCatKernel::count(pairs, static_cast<int64_t>(out.nbytes()), stream);
+// A served chunk_cat's result, after out's bump (with `bump`).
+CallResult chunk_cat_served(at::TensorList tensors, int64_t pairs, const at::Tensor& out, int64_t passes, bool bump,
+                            const RuleContext& rule) {
   if (bump) {
     const c10::TensorImpl& o = *out.unsafeGetTensorImpl();
     bool all_inference = rule.in_inference && inference_keyed(o);
@@ -390,8 +366,8 @@ CallResult chunk_cat_served(at::TensorList tensors, int64_t pairs, const at::Ten
 }  // namespace
 
 std::optional<CallResult> chunk_cat(at::TensorList tensors, int64_t dim, int64_t num_chunks,
-                                   const at::Tensor& out, bool strict, bool bump, bool split_checks,
-                                              Kind* why, bool autograd_check) {
+                                   const at::Tensor& out, bool strict, bool bump, Kind* why,
+                                   bool autograd_check) {
   RECORD_FUNCTION("npu_dispatch::chunk_cat", std::vector<c10::IValue>());
   (void)strict;  // every call served is one kernel pass: nothing for strict to refuse
   const auto n = static_cast<int64_t>(tensors.size());
@@ -415,68 +391,21 @@ std::optional<CallResult> chunk_cat(at::TensorList tensors, int64_t dim, int64_t
   ChunkSource* const sources = layout.sources.data();
   const int64_t out_numel = out.numel();
   const int64_t oes = static_cast<int64_t>(c10::elementSize(out_dt));
-  const c10::StorageImpl* out_storage = out.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
-  std::optional<Kind> refusal;
-  bool stream = false;
-  // Two threads check half the inputs each, meet, and write half of out each: one fork for the
-  // checks and the pass, so the worker's start-up overlaps the caller's checks. Only for a
-  // call the pass is sure to take up to its checks' findings, and whose out is no copy-on-write
-  // one: its mutable pointer, which materializes such an out, is taken before the checks end.
-  if (split_checks && !late && out_numel * (c.elem + oes) > kSerialMovedBytes && at::get_num_threads() > 1 &&
-      !c10::impl::cow::is_cow_data_ptr(out_storage->data_ptr())) {
-    layout.out = static_cast<char*>(out.data_ptr());
-    const int64_t split = n / 2, mid = (out_numel + 1) / 2;
-    ChunkScan halves[2];
-    std::atomic<int> first_ready{0}, second_ready{0};
-    RECORD_FUNCTION("npu_dispatch::cpu_kernel", std::vector<c10::IValue>());
-    at::parallel_for(0, 2, 1, [&](int64_t lo, int64_t hi) {
-      const bool alone = hi - lo == 2;  // one thread in the region: both halves, one after the other
-      if (alone || lo == 0) {
-        halves[0] = scan_chunks(tensors, 0, split, c, sources);
-        first_ready.store(1, std::memory_order_release);
-      }
-      if (alone || lo == 1) {
-        halves[1] = scan_chunks(tensors, split, n, c, sources);
-        wait_for(first_ready);
-        for (int64_t k = split; k < n; ++k) sources[k].offset += halves[0].width;
-        layout.width = halves[0].width + halves[1].width;
-        second_ready.store(1, std::memory_order_release);
-      }
-      wait_for(second_ready);
-      ChunkScan all = scan;
-      all.add(halves[0]);
-      all.add(halves[1]);
-      const auto why_not = chunk_refusal(all, out, c, cast_ok, late);
-      const bool streamed = kernel.streams(all.in_numel * c.elem + out_numel * oes);
-      if (!why_not) kernel.write(layout, alone || lo == 0 ? 0 : mid, alone || lo == 1 ? out_numel : mid, streamed);
-      if (alone || lo == 0) {  // read only after the region: the other thread may still read `scan`
-        refusal = why_not;
-        stream = streamed;
-      }
-    });
-    scan.add(halves[0]);
-    scan.add(halves[1]);
-  } else {
-    scan.add(scan_chunks(tensors, 0, n, c, sources));
-    layout.width = scan.width;
-    refusal = chunk_refusal(scan, out, c, cast_ok, late);
-    if (!refusal) {
-      // out's mutable pointer only once nothing refuses the call (it materializes a copy-on-write
-      // out, which stock leaves as it is where it raises).
-      layout.out = static_cast<char*>(out.data_ptr());
-      const int64_t moved = scan.in_numel * c.elem + out_numel * oes;
-      stream = kernel.streams(moved);
-      RECORD_FUNCTION("npu_dispatch::cpu_kernel", std::vector<c10::IValue>());
-      write_pass(kernel, layout, out_numel, oes, moved, stream);
-    }
-  }
-  if (refusal) {
+  scan.add(scan_chunks(tensors, 0, n, c, sources));
+  layout.width = scan.width;
+  if (const auto refusal = chunk_refusal(scan, out, c, cast_ok, late)) {
     *why = *refusal;
     return std::nullopt;
   }
-  return chunk_cat_served(tensors, scan.pairs, out, 1, stream, bump, rule);
+  // out's mutable pointer only once nothing refuses the call (it materializes a copy-on-write
+  // out, which stock leaves as it is where it raises).
+  layout.out = static_cast<char*>(out.data_ptr());
+  {
+    RECORD_FUNCTION("npu_dispatch::cpu_kernel", std::vector<c10::IValue>());
+    kernel.pass(layout, out_numel, scan.in_numel * c.elem + out_numel * oes, scan.pairs);
+  }
+  return chunk_cat_served(tensors, scan.pairs, out, 1, bump, rule);
 }
-
 }  // namespace npu_dispatch
 
 namespace npu_dispatch {
@@ -491,7 +420,7 @@ std::optional<CallResult> chunk_cat_mixed(at::TensorList tensors, int64_t dim, i
   for (const auto& t : tensors) mixed = mixed || !t.defined() || t.scalar_type() != tensors[0].scalar_type();
   // One dtype: upstream's kernel is _chunk_cat.out itself.
   if (!mixed) {
-    return chunk_cat(tensors, dim, num_chunks, out, strict, bump, /*split_checks=*/false, why, /*autograd_check=*/false);
+    return chunk_cat(tensors, dim, num_chunks, out, strict, bump, why, /*autograd_check=*/false);
   }
   // Upstream's op runs below autograd (it has no autograd kernel): no out= autograd check.
   const RuleContext rule = RuleContext::here();
@@ -537,17 +466,14 @@ std::optional<CallResult> chunk_cat_mixed(at::TensorList tensors, int64_t dim, i
   const int64_t oes = static_cast<int64_t>(c10::elementSize(out_dt));
   char* const out_ptr = static_cast<char*>(out.data_ptr());
   const int64_t moved = scan.in_numel * oes + out_numel * oes;  // an upper bound of the bytes read
-  bool stream = false;
   for (size_t g = 0; g < dtypes.size(); ++g) {
     ChunkCatLayout layout{out_ptr, c.pre, num_chunks, scan.width, dtypes[g], out_dt, {}};
     for (int64_t k = 0; k < n; ++k) {
       if (tensors[k].scalar_type() == dtypes[g]) layout.sources.push_back(sources[k]);
     }
-    const bool streamed = kernels[g].streams(moved);
-    stream = stream || streamed;
-    write_pass(kernels[g], layout, out_numel, oes, moved, streamed);
+    kernels[g].pass(layout, out_numel, moved, scan.pairs);
   }
-  return chunk_cat_served(tensors, scan.pairs, out, static_cast<int64_t>(dtypes.size()), stream, bump, rule);
+  return chunk_cat_served(tensors, scan.pairs, out, static_cast<int64_t>(dtypes.size()), bump, rule);
 }
 
 namespace {
@@ -582,9 +508,8 @@ CallResult chunk_cat_or_stock(at::TensorList tensors, int64_t dim, int64_t num_c
   return serve_or_stock(
       strict, std::max<int64_t>(static_cast<int64_t>(tensors.size()), 1),
       [&](Kind* why) {
-        // The op's Python kernel: its list's tensors just wrapped for Python (split_checks off).
         return mixed ? chunk_cat_mixed(tensors, dim, num_chunks, out, strict, false, why)
-                     : chunk_cat(tensors, dim, num_chunks, out, strict, bump, /*split_checks=*/false, why);
+                     : chunk_cat(tensors, dim, num_chunks, out, strict, bump, why);
       },
       [&] {
         if (mixed) {

@@ -35,14 +35,10 @@ std::optional<CallResult> copy_out(const at::Tensor& src, c10::IntArrayRef sizes
 // with stock's preconditions met, out is contiguous of exactly the result's shape, the cast is one
 // the CPU kernel reproduces and out overlaps no input (inputs, only read, may overlap each other);
 // on a device without a host pass, nullopt (its own op is one call).
-// `split_checks`: whether a long list's checks may run on the pass's two threads, half the tensors
-// each. False where the caller has just written every TensorImpl (a dispatcher call takes a
-// reference to each): the second thread would fetch each one from this thread's cache, which costs
-// more than the checks it takes over.
 // `autograd_check`: refuse a tensor that requires grad under grad mode (requires_grad), as stock's
 // out= autograd kernel raises; false where the op runs below autograd (chunk_cat_mixed_dtype).
 std::optional<CallResult> chunk_cat(at::TensorList tensors, int64_t dim, int64_t num_chunks, const at::Tensor& out,
-                                    bool strict, bool bump, bool split_checks, Kind* why, bool autograd_check = true);
+                                    bool strict, bool bump, Kind* why, bool autograd_check = true);
 
 // chunk_cat_mixed: fsdp::chunk_cat_mixed_dtype (torch 2.15, torch/csrc/distributed/fsdp/ChunkCat.h): chunk_cat of
 // inputs that may differ in dtype, each cast to out's dtype first. One dtype: chunk_cat above. Mixed

@@ -1,14 +1,12 @@
 // The copy-out's CPU pass (fsdp/copy_out_kernel.h).
 #include "fsdp/copy_out_kernel.h"
 
-#include <ATen/Parallel.h>
-
 #include <algorithm>
 
 #include "cpu/byte_copy.h"
+#include "cpu/byte_pass.h"
 #include "cpu/copy_kernel.h"
 #include "cpu/stream_copy.h"
-#include "planner/tuning.h"
 
 namespace npu_dispatch {
 
@@ -69,26 +67,20 @@ void walk(const CopyOutLayout& l, int64_t lo, int64_t hi, bool backward, const C
 
 }  // namespace
 
-void copy_out_range(const CopyOutLayout& l, int64_t lo, int64_t hi, bool stream) {
+int64_t copy_out_range(const CopyOutLayout& l, int64_t lo, int64_t hi, bool stream) {
   const bool backward = CpuCopyBatch::alternate();
   if (stream) {
     walk(l, lo, hi, backward, [](char* d, const char* s, int64_t n) { stream_copy(d, s, n); });
-    stream_fence();  // the weakly ordered stores done before the range counts as copied
-  } else {
-    walk(l, lo, hi, backward, [](char* d, const char* s, int64_t n) { byte_copy(d, s, n); });
+    return hi - lo;
   }
+  walk(l, lo, hi, backward, [](char* d, const char* s, int64_t n) { byte_copy(d, s, n); });
+  return 0;
 }
 
 void copy_out_pass(const CopyOutLayout& l) {
   const int64_t total = l.rows * l.row_bytes;
-  if (total == 0) return;
-  const bool stream = CpuCopyBatch::streams(2 * total);
-  if (2 * total <= kSerialMovedBytes) {
-    copy_out_range(l, 0, total, stream);
-  } else {
-    at::parallel_for(0, total, kCopyGrainBytes, [&l, stream](int64_t b, int64_t e) { copy_out_range(l, b, e, stream); });
-  }
-  CpuCopyBatch::count_pass(l.rows * static_cast<int64_t>(l.pieces.size()), total, stream ? total : 0);
+  byte_pass(total, 1, 2 * total, l.rows * static_cast<int64_t>(l.pieces.size()), /*can_stream=*/true,
+            [&l](int64_t b, int64_t e, bool stream) { return copy_out_range(l, b, e, stream); });
 }
 
 }  // namespace npu_dispatch

@@ -27,12 +27,11 @@ struct CopyOutLayout {
 };
 
 // Copies src's bytes [lo, hi) (of rows * row_bytes) to their outs, with streaming stores where
-// `stream` (then fenced).
-void copy_out_range(const CopyOutLayout& layout, int64_t lo, int64_t hi, bool stream);
+// `stream` (unfenced); returns the bytes streamed.
+int64_t copy_out_range(const CopyOutLayout& layout, int64_t lo, int64_t hi, bool stream);
 
-// The whole pass: on the calling thread up to kSerialMovedBytes read plus written, else split by
-// src bytes across threads; streams as CpuCopyBatch::streams says; counted in the kernel's
-// counters (one item a piece of a row).
+// The whole pass, one byte_pass (cpu/byte_pass.h) over src's bytes; counted in the kernel's
+// counters as one item a piece of a row.
 void copy_out_pass(const CopyOutLayout& layout);
 
 }  // namespace npu_dispatch

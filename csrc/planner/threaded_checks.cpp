@@ -5,6 +5,8 @@
 #include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
 
+#include "cpu/byte_pass.h"
+#include "cpu/stream_copy.h"
 #include "planner/classify.h"
 
 #include <algorithm>
@@ -37,9 +39,20 @@ void bump_as_stock(c10::TensorImpl* d, const c10::TensorImpl* s, bool in_inferen
   if (stock_bumps_pair(*d, *s, in_inference)) d->bump_version();
 }
 
+// A thread's range copied with `streamed` bytes of streaming stores: fenced before it counts as
+// copied, and added to the thread's share.
+template <typename ShareResult>
+void fence_streamed(int64_t streamed, ShareResult* r) {
+  if (streamed > 0) {
+    stream_fence();
+    r->streamed += streamed;
+  }
+}
+
 }  // namespace
 
 void ThreadedChecks::ShareResult::reset() {
+  streamed = 0;
   ok = false;
   stop = SIZE_MAX;
   error = nullptr;
@@ -72,8 +85,9 @@ bool ThreadedChecks::wanted(size_t n) {
 #endif
 }
 
-void ThreadedChecks::copy_share(const std::vector<int64_t>& offsets, int64_t begin, int64_t end, bool backward,
-                             bool stream) const {
+int64_t ThreadedChecks::copy_share(const std::vector<int64_t>& offsets, int64_t begin, int64_t end, bool backward,
+                                   bool stream) const {
+  int64_t streamed = 0;
   const size_t n = offsets.size();
   for (size_t k = 0; k < n; ++k) {
     const size_t s = backward ? n - 1 - k : k;
@@ -81,8 +95,9 @@ void ThreadedChecks::copy_share(const std::vector<int64_t>& offsets, int64_t beg
     const int64_t off = offsets[s];
     const int64_t lo = std::max(begin, off);
     const int64_t hi = std::min(end, off + batch.total_bytes());
-    if (lo < hi) batch.copy_bytes(lo - off, hi - off, backward, stream);
+    if (lo < hi) streamed += batch.copy_bytes(lo - off, hi - off, backward, stream);
   }
+  return streamed;
 }
 
 void ThreadedChecks::join(size_t shares, size_t passed, Plan* p) const {
@@ -242,7 +257,8 @@ ThreadedChecks::Outcome ThreadedChecks::prepare(c10::TensorImpl* const* dsts, c1
         largest = std::max(largest, shares_[u].pass.batch().total_bytes());
       }
       // The whole call's bytes decide, as one pass's pass would.
-      p.stream = CpuCopyBatch::streams(moved);
+      p.stream = streams(moved);
+      p.moved = moved;
       p.go = !p.meets;
       // Shares within a quarter of an even split copy their own pairs (no barrier before
       // their bumps); others split the bytes evenly. Coalesced runs are views of one base,
@@ -266,10 +282,11 @@ ThreadedChecks::Outcome ThreadedChecks::prepare(c10::TensorImpl* const* dsts, c1
         // Each thread copies the pairs it checked, then moves their versions, as stock's loop
         // does pair by pair: no version moves before its destination's bytes are written.
         const auto& batch = pass.batch();
-        batch.copy_bytes(0, batch.total_bytes(), CpuCopyBatch::alternate(), p.stream);
+        fence_streamed(batch.copy_bytes(0, batch.total_bytes(), CpuCopyBatch::alternate(), p.stream), &r);
         for (size_t i = b; i < e; ++i) bump_as_stock(dsts[i], srcs[i], in_inference);
       } else {
-        copy_share(p.offsets, p.bytes * t / nt, p.bytes * (t + 1) / nt, CpuCopyBatch::alternate(), p.stream);
+        fence_streamed(copy_share(p.offsets, p.bytes * t / nt, p.bytes * (t + 1) / nt, CpuCopyBatch::alternate(), p.stream),
+                       &r);
         // Every thread wrote bytes of other threads' pairs: no version moves before all are.
 #pragma omp barrier
         if (p.runs == 0) {
@@ -297,6 +314,7 @@ ThreadedChecks::Outcome ThreadedChecks::prepare(c10::TensorImpl* const* dsts, c1
   offsets_.assign(plan.offsets.begin(), plan.offsets.end());
   bytes_ = plan.bytes;
   stream_ = plan.stream;
+  moved_ = plan.moved;
 
   // What one pass would have met first: a pair refused or raising (shares are in pair order),
   // or a join refused at a share's first run. Warnings up to and including that pair stand.
@@ -324,6 +342,9 @@ ThreadedChecks::Outcome ThreadedChecks::prepare(c10::TensorImpl* const* dsts, c1
   if (!plan.go) return Outcome::Refused;
   g_threaded_calls.fetch_add(1, std::memory_order_relaxed);
   if (!copy_here) return Outcome::Prepared;
+  int64_t streamed = 0;
+  for (int u = 0; u < team; ++u) streamed += results_[u].streamed;
+  count_pass(items(), bytes_, streamed);
   count_copied();
   return Outcome::Copied;
 #endif
@@ -332,17 +353,24 @@ ThreadedChecks::Outcome ThreadedChecks::prepare(c10::TensorImpl* const* dsts, c1
 CallResult ThreadedChecks::run() {
   {
     KernelRanges ranges(runs_ > 0, !groups_.empty());
-    at::parallel_for(0, bytes_, kCopyGrainBytes,
-                     [this](int64_t b, int64_t e) { copy_share(offsets_, b, e, CpuCopyBatch::alternate(), stream_); });
+    // Always split: a call above the held bytes (OnePassCall::prepare) moves more than one thread should.
+    byte_pass(bytes_, 1, moved_, items(), /*can_stream=*/true,
+              [this](int64_t b, int64_t e, bool stream) {
+                return copy_share(offsets_, b, e, CpuCopyBatch::alternate(), stream);
+              },
+              /*serial_moved_bytes=*/0);
   }
   count_copied();
   return counts_;
 }
 
-void ThreadedChecks::count_copied() {
+int64_t ThreadedChecks::items() const {
   int64_t items = 0;
   for (size_t u = 0; u < team_; ++u) items += static_cast<int64_t>(shares_[u].pass.batch().size());
-  CpuCopyBatch::count_pass(items, bytes_);
+  return items;
+}
+
+void ThreadedChecks::count_copied() {
   count_one_pass_call();
   counts_ = one_pass_counts(runs_, tensors_, coalesced_bytes_, groups_, empty_, *shares_[0].pass.capability());
 }

@@ -66,8 +66,8 @@ class ThreadedChecks {
     int64_t runs = 0, tensors = 0, coalesced_bytes = 0, empty = 0;
     std::vector<OnePass::Group> groups;
     std::vector<int64_t> offsets;  // destination bytes before each share's
-    int64_t bytes = 0;
-    bool stream = false;  // CpuCopyBatch::streams() of the shares' bytes moved together
+    int64_t bytes = 0, moved = 0;  // destination bytes; bytes read plus written
+    bool stream = false;  // streams() (cpu/byte_pass.h) of the shares' bytes moved together
     // Capacity for `shares` offsets and `max_groups` groups (join() refuses past that many rather
     // than allocate); allocates only on a one-pass plan's first call.
     void reserve(size_t shares, size_t max_groups);
@@ -76,6 +76,7 @@ class ThreadedChecks {
   };
   // What one thread's checks met.
   struct alignas(64) ShareResult {
+    int64_t streamed = 0;  // bytes this thread stored with streaming stores
     bool ok = false;
     size_t stop = SIZE_MAX;    // the pair this share stopped at (OnePass::stopped_at)
     std::exception_ptr error;  // what that pair raised
@@ -88,11 +89,14 @@ class ThreadedChecks {
   // only the boundary before it is tested. The counts mean something only when every share
   // passed.
   void join(size_t shares, size_t passed, Plan* p) const;
-  // After the copy (in the region or in run()): the kernel's and the one-pass plan's counters, and counts_.
+  // After the copy (in the region or in run()): the one-pass plan's counter, and counts_.
   void count_copied();
+  // Work items of the shares.
+  int64_t items() const;
   // Copies destination bytes [begin, end) of the shares laid end to end at `offsets`; with
-  // `backward`, last item first (CpuCopyBatch::alternate); `stream` as CpuCopyBatch::copy_bytes.
-  void copy_share(const std::vector<int64_t>& offsets, int64_t begin, int64_t end, bool backward,
+  // `backward`, last item first (CpuCopyBatch::alternate); `stream` and the result as
+  // CpuCopyBatch::copy_bytes.
+  int64_t copy_share(const std::vector<int64_t>& offsets, int64_t begin, int64_t end, bool backward,
                   bool stream) const;
 
   // One share per thread, each on its own cache lines: the one-pass plan writes its members per pair.
@@ -106,7 +110,7 @@ class ThreadedChecks {
   std::vector<Plan> plans_;
   size_t team_ = 0;
   std::vector<int64_t> offsets_;  // destination bytes before each share's
-  int64_t bytes_ = 0;
+  int64_t bytes_ = 0, moved_ = 0;
   bool stream_ = false;
   // The joined counts (OnePass's, over the whole list).
   int64_t runs_ = 0, tensors_ = 0, coalesced_bytes_ = 0, empty_ = 0;
