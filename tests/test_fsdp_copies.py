@@ -495,10 +495,9 @@ def test_the_ops_count_in_the_mode_they_run_in():
     assert ops["npu_dispatch.split_with_sizes_copy"]["calls"] == 1 and ops["npu_dispatch.chunk_cat"]["calls"] == 1
 
 
-# ---- long lists: the checks split between two threads ------------------------------------------
-# A list whose pass is long enough for two threads has its checks split between them, each thread
-# taking half the tensors (csrc/fsdp/copies.cpp). A tensor refused in either half, or at the seam,
-# must leave the call to stock whole: its error, its writes, its result.
+# ---- long lists: a pass split across threads --------------------------------------------------
+# A list whose pass is long enough for two threads (csrc/cpu/byte_pass.h). A tensor refused in
+# either half, or in the middle, must leave the call to stock whole: its error, its writes, its result.
 
 LONG = 240  # gradients of 256..1023 elements: out is well over the serial pass's size
 
@@ -623,3 +622,32 @@ def test_a_call_left_to_stock_for_autograd_is_counted_as_requires_grad(op):
     with pytest.raises(nd.FastCopyFallbackError, match="requires_grad"):
         with nd.NpuFastCopyMode(strict=True):
             call(*fresh())
+
+
+def _has_mixed_dtype_chunk_cat() -> bool:
+    try:
+        torch.ops.fsdp.chunk_cat_mixed_dtype
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _has_mixed_dtype_chunk_cat(), reason="fsdp::chunk_cat_mixed_dtype is torch 2.15's")
+def test_a_mixed_dtype_chunk_cat_counts_one_kernel_pass_over_out():
+    # One pass of the kernel per input dtype, counted as one pass over out's bytes (bf16 and fp32
+    # gradients into an fp32 reduce-scatter input, as FSDP2 on torch 2.15).
+    gen = torch.Generator().manual_seed(7)
+    tensors = [torch.randn(8, 3, generator=gen).bfloat16(), torch.randn(5, generator=gen),
+               torch.randn(4, 2, generator=gen).bfloat16()]
+    want = torch.full((2, 19), float("nan"))
+    torch.ops.fsdp.chunk_cat_mixed_dtype(tensors, 0, 2, out=want)
+    got = torch.full((2, 19), float("nan"))
+    before = _native.info()
+    with nd.NpuFastCopyMode() as mode:
+        torch.ops.fsdp.chunk_cat_mixed_dtype(tensors, 0, 2, out=got)
+    after = _native.info()
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    assert mode.stats.fast_path_calls == 1, mode.stats.report()
+    assert after["kernel_passes"] - before["kernel_passes"] == 1
+    assert after["kernel_bytes"] - before["kernel_bytes"] == got.nbytes
+    assert after["kernel_items"] - before["kernel_items"] == 3 * 2  # a piece per tensor per chunk

@@ -11,7 +11,6 @@
 #include "binding/direct_entry.h"
 #include "binding/to_python.h"
 #include "cpu/byte_pass.h"
-#include "planner/threaded_checks.h"
 #include "cpu/copy_kernel.h"
 #include "cpu/stream_copy.h"
 #include "dispatch/dispatcher_facts.h"
@@ -21,6 +20,7 @@
 #include "planner/capability_table.h"
 #include "planner/copy_call.h"
 #include "planner/one_pass.h"
+#include "planner/threaded_checks.h"
 
 namespace npu_dispatch::binding {
 namespace {

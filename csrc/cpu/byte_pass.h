@@ -1,5 +1,7 @@
-// The one driver of every byte-split CPU pass: the foreach copy's work list (cpu/copy_kernel.h),
-// the copy-out's rows (fsdp/copy_out_kernel.h) and chunk_cat's out (fsdp/chunk_cat_kernel.h).
+// The one driver of the byte-split CPU passes: the foreach copy's work list (cpu/copy_kernel.h),
+// the copy-out's rows (fsdp/copy_out_kernel.h), chunk_cat's out (fsdp/chunk_cat_kernel.h) and
+// the threaded checks' copy after the GIL is dropped (their copy inside their own region, checks
+// and copy in one fork, fences and counts per thread: planner/threaded_checks.cpp).
 // As Apex's multi_tensor_apply, a pass is one flat range of destination units, split into chunks
 // that threads take; what a chunk's bytes are is the caller's.
 #pragma once
@@ -34,11 +36,11 @@ void count_pass(int64_t items, int64_t bytes, int64_t streamed);
 // `moved_bytes` <= `serial_moved_bytes`, else in chunks of about kCopyGrainBytes across
 // at::parallel_for's threads. `stream` is true where `can_stream` and the pass moves more than
 // the cache holds (streams()); a chunk that streamed is fenced on its thread before the pass ends.
-// Counted as one pass of `items` work items and units * unit_bytes bytes.
+// Returns the bytes streamed; counts nothing (byte_pass below counts).
 template <typename Copy>
-void byte_pass(int64_t units, int64_t unit_bytes, int64_t moved_bytes, int64_t items, bool can_stream,
-               const Copy& copy, int64_t serial_moved_bytes = kSerialMovedBytes) {
-  if (units <= 0) return;
+int64_t split_pass(int64_t units, int64_t unit_bytes, int64_t moved_bytes, bool can_stream, const Copy& copy,
+                   int64_t serial_moved_bytes = kSerialMovedBytes) {
+  if (units <= 0) return 0;
   const bool stream = can_stream && streams(moved_bytes);
   std::atomic<int64_t> streamed{0};
   const auto chunk = [&](int64_t lo, int64_t hi) {
@@ -53,7 +55,15 @@ void byte_pass(int64_t units, int64_t unit_bytes, int64_t moved_bytes, int64_t i
   } else {
     at::parallel_for(0, units, std::max<int64_t>(1, kCopyGrainBytes / unit_bytes), chunk);
   }
-  count_pass(items, units * unit_bytes, streamed.load(std::memory_order_relaxed));
+  return streamed.load(std::memory_order_relaxed);
+}
+
+// split_pass, then counted as one pass of `items` work items and units * unit_bytes bytes.
+template <typename Copy>
+void byte_pass(int64_t units, int64_t unit_bytes, int64_t moved_bytes, int64_t items, bool can_stream,
+               const Copy& copy, int64_t serial_moved_bytes = kSerialMovedBytes) {
+  const int64_t streamed = split_pass(units, unit_bytes, moved_bytes, can_stream, copy, serial_moved_bytes);
+  count_pass(items, std::max<int64_t>(units, 0) * unit_bytes, streamed);
 }
 
 }  // namespace npu_dispatch

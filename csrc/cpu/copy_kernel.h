@@ -79,8 +79,7 @@ class CpuCopyBatch {
 
   // A pass split by the caller (the threaded checks): finish() once, then copy_bytes() over any
   // split of [0, total_bytes()), then count_pass() (cpu/byte_pass.h) once. The work list must not
-  // change between.
-  // Lays the items end to end.
+  // change between. finish() lays the items end to end.
   void finish();
   int64_t total_bytes() const { return total_; }  // destination bytes
   int64_t moved_bytes() const { return moved_; }  // read plus written

@@ -46,12 +46,10 @@ int64_t ChunkCatKernel::write(const ChunkCatLayout& l, int64_t lo, int64_t hi, b
   return stream ? (hi - lo) * oes : 0;
 }
 
-bool ChunkCatKernel::pass(const ChunkCatLayout& layout, int64_t out_numel, int64_t moved_bytes, int64_t pairs) const {
+int64_t ChunkCatKernel::pass(const ChunkCatLayout& layout, int64_t out_numel, int64_t moved_bytes) const {
   // A variant without streaming stores stores normally.
-  const bool can_stream = !cast_ || widen_stream_ != nullptr;
-  byte_pass(out_numel, oes_, moved_bytes, pairs, can_stream,
-            [&](int64_t lo, int64_t hi, bool stream) { return write(layout, lo, hi, stream); });
-  return can_stream && streams(moved_bytes);
+  return split_pass(out_numel, oes_, moved_bytes, /*can_stream=*/!cast_ || widen_stream_ != nullptr,
+                    [&](int64_t lo, int64_t hi, bool stream) { return write(layout, lo, hi, stream); });
 }
 
 }  // namespace npu_dispatch

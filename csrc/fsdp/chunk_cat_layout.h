@@ -39,9 +39,9 @@ class ChunkCatKernel {
   // widens as that kernel does; else through copy_ (a contiguous slice, chunk_cat_mixed_dtype's
   // .to()), where only a cast the conversion table calls mergeable (no FBGEMM split) is taken.
   bool init(c10::ScalarType in_dtype, c10::ScalarType out_dtype, bool through_cat);
-  // One byte_pass (cpu/byte_pass.h) over out's `out_numel` elements, moving `moved_bytes` (read
-  // plus written), counted as `pairs` pieces with data. Returns whether it streamed its stores.
-  bool pass(const ChunkCatLayout& layout, int64_t out_numel, int64_t moved_bytes, int64_t pairs) const;
+  // One split_pass (cpu/byte_pass.h) over out's `out_numel` elements, moving `moved_bytes` (read
+  // plus written). Returns the bytes streamed; the caller counts the call's passes once.
+  int64_t pass(const ChunkCatLayout& layout, int64_t out_numel, int64_t moved_bytes) const;
 
  private:
   // out's elements [lo, hi); returns the bytes streamed (`stream`; unfenced).

@@ -21,6 +21,7 @@
 #include "fsdp/chunk_cat_kernel.h"
 #include "planner/copy_call.h"
 #include "fsdp/copy_out_kernel.h"
+#include "cpu/byte_pass.h"
 #include "cpu/copy_kernel.h"
 #include "planner/execute.h"
 #include "planner/plan.h"
@@ -197,7 +198,7 @@ struct ChunkCheck {
   caffe2::TypeMeta meta;  // t0's dtype: every input's
   int64_t elem;
   c10::Device device;
-  RuleContext rule;  // the calling thread's (scans may run on a worker)
+  RuleContext rule;  // the calling thread's
   bool on_cpu, pow2;
   int shift;  // log2(num_chunks) where pow2
   int64_t dim, wrapped, nd0, num_chunks, pre;
@@ -224,7 +225,7 @@ struct ChunkScan {
 // Stock's preconditions and the layout of inputs [k0, k1): their sources, at offsets counted from
 // the first of them. Each tensor's fields are read from its TensorImpl directly, without the
 // accessors' policy checks; the rule's tensor half (planner/classify.h) for each. Stops at the
-// first tensor refused; never throws (it may run on a worker that another thread waits for).
+// first tensor refused; never throws.
 ChunkScan scan_chunks(at::TensorList tensors, int64_t k0, int64_t k1, const ChunkCheck& c, ChunkSource* sources) {
   ChunkScan s;
   try {
@@ -346,9 +347,13 @@ std::optional<Kind> no_host_pass(const c10::Device& device) {
   return std::nullopt;
 }
 
-// A served chunk_cat's result, after out's bump (with `bump`).
-CallResult chunk_cat_served(at::TensorList tensors, int64_t pairs, const at::Tensor& out, int64_t passes, bool bump,
-                            const RuleContext& rule) {
+// A served chunk_cat's result, after its kernel counters (one pass of `pairs` pieces over out's
+// bytes, whatever the passes per input dtype; out's bytes streamed where any pass streamed) and
+// out's bump (with `bump`).
+CallResult chunk_cat_served(at::TensorList tensors, int64_t pairs, const at::Tensor& out, int64_t passes,
+                            bool streamed, bool bump, const RuleContext& rule) {
+  const auto out_bytes = static_cast<int64_t>(out.nbytes());
+  count_pass(pairs, out_bytes, streamed ? out_bytes : 0);
   if (bump) {
     const c10::TensorImpl& o = *out.unsafeGetTensorImpl();
     bool all_inference = rule.in_inference && inference_keyed(o);
@@ -400,11 +405,12 @@ std::optional<CallResult> chunk_cat(at::TensorList tensors, int64_t dim, int64_t
   // out's mutable pointer only once nothing refuses the call (it materializes a copy-on-write
   // out, which stock leaves as it is where it raises).
   layout.out = static_cast<char*>(out.data_ptr());
+  bool streamed = false;
   {
     RECORD_FUNCTION("npu_dispatch::cpu_kernel", std::vector<c10::IValue>());
-    kernel.pass(layout, out_numel, scan.in_numel * c.elem + out_numel * oes, scan.pairs);
+    streamed = kernel.pass(layout, out_numel, scan.in_numel * c.elem + out_numel * oes) > 0;
   }
-  return chunk_cat_served(tensors, scan.pairs, out, 1, bump, rule);
+  return chunk_cat_served(tensors, scan.pairs, out, 1, streamed, bump, rule);
 }
 }  // namespace npu_dispatch
 
@@ -466,14 +472,15 @@ std::optional<CallResult> chunk_cat_mixed(at::TensorList tensors, int64_t dim, i
   const int64_t oes = static_cast<int64_t>(c10::elementSize(out_dt));
   char* const out_ptr = static_cast<char*>(out.data_ptr());
   const int64_t moved = scan.in_numel * oes + out_numel * oes;  // an upper bound of the bytes read
+  bool streamed = false;
   for (size_t g = 0; g < dtypes.size(); ++g) {
     ChunkCatLayout layout{out_ptr, c.pre, num_chunks, scan.width, dtypes[g], out_dt, {}};
     for (int64_t k = 0; k < n; ++k) {
       if (tensors[k].scalar_type() == dtypes[g]) layout.sources.push_back(sources[k]);
     }
-    kernels[g].pass(layout, out_numel, moved, scan.pairs);
+    streamed = kernels[g].pass(layout, out_numel, moved) > 0 || streamed;
   }
-  return chunk_cat_served(tensors, scan.pairs, out, static_cast<int64_t>(dtypes.size()), bump, rule);
+  return chunk_cat_served(tensors, scan.pairs, out, static_cast<int64_t>(dtypes.size()), streamed, bump, rule);
 }
 
 namespace {

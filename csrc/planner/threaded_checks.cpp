@@ -313,7 +313,6 @@ ThreadedChecks::Outcome ThreadedChecks::prepare(c10::TensorImpl* const* dsts, c1
                 groups_.end());
   offsets_.assign(plan.offsets.begin(), plan.offsets.end());
   bytes_ = plan.bytes;
-  stream_ = plan.stream;
   moved_ = plan.moved;
 
   // What one pass would have met first: a pair refused or raising (shares are in pair order),

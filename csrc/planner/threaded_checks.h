@@ -111,7 +111,6 @@ class ThreadedChecks {
   size_t team_ = 0;
   std::vector<int64_t> offsets_;  // destination bytes before each share's
   int64_t bytes_ = 0, moved_ = 0;
-  bool stream_ = false;
   // The joined counts (OnePass's, over the whole list).
   int64_t runs_ = 0, tensors_ = 0, coalesced_bytes_ = 0, empty_ = 0;
   std::vector<OnePass::Group> groups_;
