@@ -35,9 +35,19 @@ class OwnedOp:
     schema: str
 
     @property
-    def name(self) -> str:
-        """``"fsdp::chunk_cat"``."""
+    def qualified(self) -> str:
+        """``"aten::split_with_sizes_copy.out"``, ``"fsdp::chunk_cat"``: the name with its overload."""
         return self.schema.split("(", 1)[0]
+
+    @property
+    def name(self) -> str:
+        """``"aten::split_with_sizes_copy"``: the name without its overload."""
+        return self.qualified.split(".", 1)[0]
+
+    @property
+    def overload(self) -> str:
+        """``"out"``, or ``""`` for the default overload."""
+        return self.qualified.partition(".")[2]
 
     @property
     def namespace(self) -> str:
@@ -45,13 +55,14 @@ class OwnedOp:
 
     @property
     def op_name(self) -> str:
-        """``"chunk_cat"``: the name inside its namespace."""
+        """``"split_with_sizes_copy"``: the name inside its namespace, without the overload."""
         return self.name.split("::", 1)[1]
 
     @property
     def counted(self) -> str:
-        """``"fsdp.chunk_cat"``: the name stats count it under."""
-        return f"{self.namespace}.{self.op_name}"
+        """``"aten.split_with_sizes_copy.out"``, ``"fsdp.chunk_cat"``: the name stats count it under
+        (``str(op)`` of its OpOverload, without ``".default"``)."""
+        return self.qualified.replace("::", ".", 1)
 
     @property
     def definition(self) -> str:

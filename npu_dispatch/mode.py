@@ -37,8 +37,16 @@ def _find(row) -> tuple:
     packet = getattr(getattr(torch.ops, row.namespace), row.op_name, None)
     if packet is None:
         return None, None
-    op = packet.default
-    return op, None if str(op._schema) == row.schema else f"unsupported {row.name} schema {op._schema}"
+    op = getattr(packet, row.overload or "default", None)
+    if op is None:
+        return None, None
+    return op, None if str(op._schema) == row.schema else f"unsupported {row.qualified} schema {op._schema}"
+
+
+def _counted(op) -> str:
+    """``"aten.split_with_sizes_copy.out"``, ``"fsdp.chunk_cat"``: the op's name in the stats (its
+    op table row's ``counted``)."""
+    return str(op).removesuffix(".default")
 
 
 # Filled on the first NpuFastCopyMode(): finding the FSDP op imports FSDP, which `import
@@ -107,18 +115,19 @@ def _install() -> None:
                 why = "no native library"
             elif why is not None:
                 log.warning("npu_dispatch: passing %s through to stock: %s", row.counted, why)
-            (served if why is None else passing).append(row.name)
+            (served if why is None else passing).append(row.qualified)
         entries[op] = engine.HANDLERS[row.wrapper] if why is None else None
     refused = _check_and_install(module, served) if module is not None else None
     if refused is not None:
         log.warning("npu_dispatch: NpuFastCopyMode takes the Python dispatch-mode path (a per-op cost): %s", refused)
         _NO_INTERCEPTION.append(refused)
     elif module is not None:
-        for name in passing:
-            module.install_passthrough(name, "")
+        for qualified in passing:
+            name, _, overload = qualified.partition(".")
+            module.install_passthrough(name, overload)
     else:
         _install_no_native_counters(_INTERCEPTED)
-    _TABLE.update({id(op): (op, h, f"{op.namespace}.{op._opname}") for op, h in entries.items()})
+    _TABLE.update({id(op): (op, h, _counted(op)) for op, h in entries.items()})
 
 
 # ---- without the native library: count, and leave every call to stock ---------------------------
@@ -148,7 +157,7 @@ def _install_no_native_counters(owned) -> None:
         ns = op.namespace
         if ns not in libs:
             libs[ns] = torch.library.Library(ns, "IMPL")
-        name = f"{op.namespace}.{op._opname}"
+        name = _counted(op)
 
         def kernel(keyset, *args, op=op, name=name, **kwargs):
             modes = _entered()
@@ -194,8 +203,8 @@ class _DebugMode(TorchDispatchMode):
         self._marked = set()
         if module is not None:
             for op in _INTERCEPTED:
-                if module.install_in_reach_marker(f"{op.namespace}::{op._opname}"):
-                    self._marked.add(f"{op.namespace}.{op._opname}")
+                if module.install_in_reach_marker(op.name()):
+                    self._marked.add(_counted(op))
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:

@@ -9,6 +9,7 @@
 
 #include <optional>
 #include <sstream>
+#include <string_view>
 
 #include "dispatch/mode_scope.h"
 #include "dispatch/native_stats.h"
@@ -17,8 +18,12 @@ namespace npu_dispatch {
 namespace {
 
 
-std::optional<c10::OperatorHandle> find(const std::string& name) {
-  return c10::Dispatcher::singleton().findOp(c10::OperatorName(name, ""));
+// An op by its qualified name, "ns::name[.overload]".
+std::optional<c10::OperatorHandle> find(std::string_view qualified) {
+  const auto dot = qualified.find('.');
+  const std::string name(qualified.substr(0, dot));
+  const std::string overload(dot == std::string_view::npos ? std::string_view() : qualified.substr(dot + 1));
+  return c10::Dispatcher::singleton().findOp(c10::OperatorName(name, overload));
 }
 
 }  // namespace
@@ -28,7 +33,7 @@ std::vector<Fact> static_facts(const std::vector<std::string>& served) {
   std::vector<std::string> owned;
   for (const auto& row : kOwnedOps) {
     if (!row.intercepted || row.ns() != "aten") continue;
-    const std::string name(row.name());
+    const std::string name(row.qualified());
     const auto op = find(name);
     std::ostringstream found;
     if (op) found << op->schema();
@@ -37,7 +42,7 @@ std::vector<Fact> static_facts(const std::vector<std::string>& served) {
                      same ? row.schema : (op ? "found " + found.str() + ", kernels typed on " + row.schema : "no such op")});
     if (op) owned.push_back(name);
   }
-  const std::string foreach_copy(kOwnedOps[kOpAtenForeachCopy].name());
+  const std::string foreach_copy(kOwnedOps[kOpAtenForeachCopy].qualified());
   const auto fc = find(foreach_copy);
   const bool inplace_kernel = fc && fc->hasKernelForDispatchKey(c10::DispatchKey::ADInplaceOrView);
   facts.push_back({"no ADInplaceOrView kernel on " + foreach_copy, fc.has_value() && !inplace_kernel,

@@ -29,7 +29,9 @@ const c10::DispatchKeySet kAfterBackendSelect(c10::DispatchKeySet::FULL_AFTER, c
 // The owned op's handle, typed on its row's schema.
 template <typename Fn>
 c10::TypedOperatorHandle<Fn> handle(CountedOp op) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(std::string(kOwnedOps[op].name()).c_str(), "").typed<Fn>();
+  return c10::Dispatcher::singleton().findSchemaOrThrow(std::string(kOwnedOps[op].name()).c_str(),
+                                                         std::string(kOwnedOps[op].overload()).c_str())
+      .typed<Fn>();
 }
 
 // The one question every interception kernel asks: the scope to serve this call in, or nullptr
@@ -41,16 +43,20 @@ ModeScope* serving(const at::Tensor* first) {
   return s;
 }
 
+// Each interception kernel is a template on its row (dispatch/owned_ops.h): the op it redispatches
+// and counts. A row whose op takes the same arguments as another's names the same kernel.
+
+template <CountedOp kOp>
 void foreach_copy_(c10::DispatchKeySet ks, at::TensorList self, at::TensorList src, bool non_blocking) {
   ModeScope* s = serving(self.empty() ? nullptr : &self[0]);
   if (s == nullptr) {
-    static const auto op = handle<void(at::TensorList, at::TensorList, bool)>(kOpAtenForeachCopy);
+    static const auto op = handle<void(at::TensorList, at::TensorList, bool)>(kOp);
     op.redispatch(ks & kAfterBackendSelect, self, src, non_blocking);
     return;
   }
   const int64_t t0 = now_ns();
   const auto counts = plan_and_run(self, src, non_blocking, false, stock_bumps(self));
-  s->stats->record(kOpAtenForeachCopy, counts, now_ns() - t0);
+  s->stats->record(kOp, counts, now_ns() - t0);
 }
 
 // Stock's functional variant clones each destination (contiguous where it overlaps itself) and
@@ -62,11 +68,12 @@ at::Tensor like(const at::Tensor& d) {
   return at::empty(d.sizes(), d.options());
 }
 
+template <CountedOp kOp>
 std::vector<at::Tensor> foreach_copy(c10::DispatchKeySet ks, at::TensorList self, at::TensorList src,
                                      bool non_blocking) {
   ModeScope* s = serving(self.empty() ? nullptr : &self[0]);
   if (s == nullptr) {
-    static const auto op = handle<std::vector<at::Tensor>(at::TensorList, at::TensorList, bool)>(kOpAtenForeachCopyFunctional);
+    static const auto op = handle<std::vector<at::Tensor>(at::TensorList, at::TensorList, bool)>(kOp);
     return op.redispatch(ks & kAfterBackendSelect, self, src, non_blocking);
   }
   const int64_t t0 = now_ns();
@@ -75,13 +82,14 @@ std::vector<at::Tensor> foreach_copy(c10::DispatchKeySet ks, at::TensorList self
   outs.reserve(self.size());
   for (const auto& d : self) outs.push_back(like(d));
   const auto counts = plan_and_run(outs, src, non_blocking, false, /*bump=*/false);
-  s->stats->record(kOpAtenForeachCopyFunctional, counts, now_ns() - t0);
+  s->stats->record(kOp, counts, now_ns() - t0);
   return outs;
 }
 
 using CopyInFn = std::tuple<at::Tensor, at::Tensor>(at::TensorList, const at::Tensor&, c10::SymIntArrayRef,
                                                     c10::SymInt, c10::SymInt);
 
+template <CountedOp kOp>
 std::tuple<at::Tensor, at::Tensor> fsdp_all_gather_copy_in(c10::DispatchKeySet ks, at::TensorList inputs,
                                                            const at::Tensor& out, c10::SymIntArrayRef sizes,
                                                            c10::SymInt numel, c10::SymInt rank) {
@@ -90,25 +98,27 @@ std::tuple<at::Tensor, at::Tensor> fsdp_all_gather_copy_in(c10::DispatchKeySet k
   const auto concrete_numel = numel.maybe_as_int();
   const auto concrete_rank = rank.maybe_as_int();
   if (s == nullptr || !concrete_sizes || !concrete_numel || !concrete_rank) {
-    static const auto op = handle<CopyInFn>(kOpFsdpAllGatherCopyIn);
+    static const auto op = handle<CopyInFn>(kOp);
     return op.redispatch(ks & kAfterBackendSelect, inputs, out, sizes, std::move(numel), std::move(rank));
   }
   const int64_t t0 = now_ns();
   CallResult counts;
   auto result = all_gather_copy_in(inputs, out, *concrete_sizes, *concrete_numel, *concrete_rank, &counts);
-  s->stats->record(kOpFsdpAllGatherCopyIn, counts, now_ns() - t0);
+  s->stats->record(kOp, counts, now_ns() - t0);
   return result;
 }
 
 using SplitCopyFn = void(const at::Tensor&, c10::SymIntArrayRef, int64_t, at::TensorList);
 
-// FSDP2's all-gather copy-out (fsdp/copies.h); refused calls go on to FSDP's kernel unchanged.
-void fsdp_copy_out(c10::DispatchKeySet ks, const at::Tensor& src, c10::SymIntArrayRef sizes, int64_t dim,
+// The all-gather copy-out, aten::split_with_sizes_copy.out's result (fsdp/copies.h), for FSDP2's op
+// and for aten's own; refused calls go on to the op's kernel unchanged.
+template <CountedOp kOp>
+void copy_out_kernel(c10::DispatchKeySet ks, const at::Tensor& src, c10::SymIntArrayRef sizes, int64_t dim,
                                 at::TensorList out) {
   ModeScope* s = serving(&src);
   const auto concrete = c10::asIntArrayRefSlowOpt(sizes);
   static const auto op =
-      handle<SplitCopyFn>(kOpFsdpSplitWithSizesCopy);
+      handle<SplitCopyFn>(kOp);
   if (s == nullptr || !concrete) {
     op.redispatch(ks & kAfterBackendSelect, src, sizes, dim, out);
     return;
@@ -117,10 +127,13 @@ void fsdp_copy_out(c10::DispatchKeySet ks, const at::Tensor& src, c10::SymIntArr
   Kind why = Kind::MayRaise;
   auto counts = copy_out(src, *concrete, dim, out, false, bumps_here(), &why);
   if (!counts) {
-    op.redispatch(ks & kAfterBackendSelect, src, sizes, dim, out);
+    {
+      StockCall stock;  // counted here, once, whatever owned op the kernel calls
+      op.redispatch(ks & kAfterBackendSelect, src, sizes, dim, out);
+    }
     counts = stock_counts(why, std::max<int64_t>(static_cast<int64_t>(out.size()), 1), total_bytes(out));
   }
-  s->stats->record(kOpFsdpSplitWithSizesCopy, *counts, now_ns() - t0);
+  s->stats->record(kOp, *counts, now_ns() - t0);
 }
 
 // The reduce-scatter copy-in kernels' shared body: `serve` is the op's fsdp/copies.h entry, and a
@@ -146,10 +159,11 @@ void serve_chunk_cat(const c10::TypedOperatorHandle<Fn>& op, CountedOp counted, 
 using ChunkCatFn = void(at::TensorList, int64_t, int64_t, const at::Tensor&);
 
 // FSDP2's reduce-scatter copy-in (fsdp/copies.h).
+template <CountedOp kOp>
 void fsdp_chunk_cat(c10::DispatchKeySet ks, at::TensorList tensors, int64_t dim, int64_t num_chunks,
                     const at::Tensor& out) {
-  static const auto op = handle<ChunkCatFn>(kOpFsdpChunkCat);
-  serve_chunk_cat(op, kOpFsdpChunkCat, ks, tensors, dim, num_chunks, out, [&](Kind* why) {
+  static const auto op = handle<ChunkCatFn>(kOp);
+  serve_chunk_cat(op, kOp, ks, tensors, dim, num_chunks, out, [&](Kind* why) {
     return chunk_cat(tensors, dim, num_chunks, out, false, bumps_here(), why);
   });
 }
@@ -158,11 +172,12 @@ void fsdp_chunk_cat(c10::DispatchKeySet ks, at::TensorList tensors, int64_t dim,
 using ChunkCatMixedFn = void(at::TensorList, int64_t, int64_t, at::Tensor&);
 
 // torch 2.15's FSDP2 reduce-scatter copy-in (fsdp/copies.h).
+template <CountedOp kOp>
 void fsdp_chunk_cat_mixed(c10::DispatchKeySet ks, at::TensorList tensors, int64_t dim, int64_t num_chunks,
                                 at::Tensor& out) {
   static const auto op =
-      handle<ChunkCatMixedFn>(kOpFsdpChunkCatMixedDtype);
-  serve_chunk_cat(op, kOpFsdpChunkCatMixedDtype, ks, tensors, dim, num_chunks, out, [&](Kind* why) {
+      handle<ChunkCatMixedFn>(kOp);
+  serve_chunk_cat(op, kOp, ks, tensors, dim, num_chunks, out, [&](Kind* why) {
     return chunk_cat_mixed(tensors, dim, num_chunks, out, false, bumps_here(), why);
   });
 }
@@ -173,7 +188,7 @@ void passthrough(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::j
     const size_t nargs = op.schema().arguments().size();
     const auto& first = (*stack)[stack->size() - nargs];
     const int64_t pairs = first.isTensorList() ? static_cast<int64_t>(first.toTensorList().size()) : 1;
-    s->stats->record(*owned_op(op.operator_name().name), stock_counts(Kind::Schema, pairs, 0, /*bumped=*/false), 0);
+    s->stats->record(*owned_op(op.operator_name().name, op.operator_name().overload_name), stock_counts(Kind::Schema, pairs, 0, /*bumped=*/false), 0);
   }
   op.redispatchBoxed(ks & kAfterBackendSelect, stack);
 }
@@ -210,14 +225,14 @@ void install_interception(const std::vector<std::string>& served) {
   for (int k = 0; k < kNumCountedOps; ++k) {
     const OwnedOp& row = kOwnedOps[k];
     const bool wanted = row.intercepted && (row.ns() == "aten" ||
-                                            std::find(served.begin(), served.end(), row.name()) != served.end());
+                                            std::find(served.begin(), served.end(), row.qualified()) != served.end());
     if (!wanted || !done.insert(k).second) continue;
     auto* lib = library(std::string(row.ns()));
-    const std::string name(row.short_name());
+    const std::string name(row.impl_name());
     switch (static_cast<CountedOp>(k)) {
 #define NPU_DISPATCH_STOCK_OP(id, kernel, wrapper, copy, schema) \
   case kOp##id:                                            \
-    lib->impl(name.c_str(), TORCH_FN(kernel));             \
+    lib->impl(name.c_str(), TORCH_FN(kernel<kOp##id>));    \
     break;
 #define NPU_DISPATCH_LIBRARY_OP(id, kernel, wrapper, copy, schema)
 #include "dispatch/owned_ops.h"
@@ -229,21 +244,25 @@ void install_interception(const std::vector<std::string>& served) {
   }
 }
 
-bool install_in_reach_marker(const std::string& op_name) {
+bool install_in_reach_marker(const std::string& qualified) {
   static std::mutex m;
   static std::map<std::string, bool> done;
   std::lock_guard<std::mutex> g(m);
-  auto it = done.find(op_name);
+  auto it = done.find(qualified);
   if (it != done.end()) return it->second;
-  const auto pos = op_name.find("::");
-  const auto op = c10::Dispatcher::singleton().findOp(c10::OperatorName(op_name, ""));
+  // "ns::name.overload": the namespace, then the name torch::Library::impl takes.
+  const auto pos = qualified.find("::");
+  const auto dot = qualified.find('.', pos == std::string::npos ? 0 : pos);
+  const std::string name = qualified.substr(0, dot);
+  const std::string overload = dot == std::string::npos ? "" : qualified.substr(dot + 1);
+  const auto op = c10::Dispatcher::singleton().findOp(c10::OperatorName(name, overload));
   const bool ok = pos != std::string::npos && op && !op->hasKernelForDispatchKey(c10::DispatchKey::ADInplaceOrView);
   if (ok) {
-    auto* lib = new torch::Library(torch::Library::IMPL, op_name.substr(0, pos), c10::DispatchKey::ADInplaceOrView,
+    auto* lib = new torch::Library(torch::Library::IMPL, qualified.substr(0, pos), c10::DispatchKey::ADInplaceOrView,
                                    __FILE__, __LINE__);
-    lib->impl(op_name.substr(pos + 2).c_str(), torch::CppFunction::makeFromBoxedFunction<&in_reach_marker>());
+    lib->impl(qualified.substr(pos + 2).c_str(), torch::CppFunction::makeFromBoxedFunction<&in_reach_marker>());
   }
-  done[op_name] = ok;
+  done[qualified] = ok;
   return ok;
 }
 
@@ -256,7 +275,7 @@ void install_passthrough(const std::string& op_name, const std::string& overload
   const std::string key = op_name + "." + overload;
   if (!done.insert(key).second) return;
   const auto pos = op_name.find("::");
-  const auto row = owned_op(op_name);
+  const auto row = owned_op(op_name, overload);
   TORCH_CHECK(row && kOwnedOps[*row].intercepted, "npu_dispatch: not an owned op (dispatch/owned_ops.h): ", op_name);
   auto* lib = new torch::Library(torch::Library::IMPL, op_name.substr(0, pos), c10::DispatchKey::BackendSelect,
                                  __FILE__, __LINE__);

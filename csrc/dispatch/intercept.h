@@ -15,7 +15,7 @@ namespace npu_dispatch {
 
 // Registers the interception kernel of each intercepted row of dispatch/owned_ops.h in the aten
 // namespace, and of the rows named in `served` ("fsdp::chunk_cat": ops that exist with the row's
-// schema, which npu_dispatch/mode.py checks). Once per op; the registration lasts the process,
+// schema, which npu_dispatch/mode.py checks; qualified names, "ns::name[.overload]"). Once per op; the registration lasts the process,
 // and a kernel with no mode entered only redispatches.
 void install_interception(const std::vector<std::string>& served);
 // For an owned op whose installed schema is not the one this library serves: a boxed kernel
@@ -28,7 +28,7 @@ void install_passthrough(const std::string& op_name, const std::string& overload
 // the call it passes on, that ADInplaceOrView was in reach (stock's copies would then bump their
 // destinations) and how many Python dispatch modes were on the stack. It changes nothing else; an
 // op with a kernel of its own there gets none (false). Installed once per op, for the process.
-bool install_in_reach_marker(const std::string& op_name);
+bool install_in_reach_marker(const std::string& qualified);
 // What the innermost marked call on this thread found: the Python dispatch modes then on the
 // stack, or -1 where no marked call is under way (ADInplaceOrView was not in reach).
 int64_t in_reach_modes();

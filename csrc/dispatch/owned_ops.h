@@ -37,7 +37,7 @@ NPU_DISPATCH_LIBRARY_OP(ChunkCat, python_kernel, chunk_cat, chunk_cat, "npu_disp
 NPU_DISPATCH_STOCK_OP(AtenForeachCopy, foreach_copy_, foreach_copy, cast, "aten::_foreach_copy_(Tensor(a!)[] self, Tensor[] src, bool non_blocking=False) -> ()")
 NPU_DISPATCH_STOCK_OP(AtenForeachCopyFunctional, foreach_copy, foreach_copy_functional, cast, "aten::_foreach_copy(Tensor[] self, Tensor[] src, bool non_blocking=False) -> Tensor[] self_out")
 NPU_DISPATCH_STOCK_OP(FsdpAllGatherCopyIn, fsdp_all_gather_copy_in, all_gather_copy_in, copy_in, "fsdp::all_gather_copy_in(Tensor[] all_gather_inputs, Tensor all_gather_output, SymInt[] inp_split_sizes, SymInt all_gather_input_numel, SymInt rank) -> (Tensor, Tensor)")
-NPU_DISPATCH_STOCK_OP(FsdpSplitWithSizesCopy, fsdp_copy_out, split_with_sizes_copy, copy_out, "fsdp::split_with_sizes_copy(Tensor all_gather_output, SymInt[] all_gather_input_split_sizes, int dim=0, *, Tensor(a!)[] out) -> ()")
+NPU_DISPATCH_STOCK_OP(FsdpSplitWithSizesCopy, copy_out_kernel, split_with_sizes_copy, copy_out, "fsdp::split_with_sizes_copy(Tensor all_gather_output, SymInt[] all_gather_input_split_sizes, int dim=0, *, Tensor(a!)[] out) -> ()")
 NPU_DISPATCH_STOCK_OP(FsdpChunkCat, fsdp_chunk_cat, chunk_cat, chunk_cat, "fsdp::chunk_cat(Tensor[] tensors, int dim, int num_chunks, *, Tensor(a!) out) -> ()")
 NPU_DISPATCH_STOCK_OP(FsdpChunkCatMixedDtype, fsdp_chunk_cat_mixed, chunk_cat_mixed_dtype, chunk_cat, "fsdp::chunk_cat_mixed_dtype(Tensor[] tensors, int dim, int num_chunks, *, Tensor(a!) out) -> ()")
 // clang-format on

@@ -36,7 +36,7 @@ constexpr std::nullptr_t python_kernel = nullptr;
 
 template <typename Fn>
 void impl(torch::Library& m, CountedOp op, Fn* kernel) {
-  m.impl(std::string(kOwnedOps[op].short_name()).c_str(), kernel);
+  m.impl(std::string(kOwnedOps[op].impl_name()).c_str(), kernel);
 }
 void impl(torch::Library&, CountedOp, std::nullptr_t) {}
 

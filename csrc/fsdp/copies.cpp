@@ -502,6 +502,7 @@ CallResult copy_out_or_stock(const at::Tensor& src, c10::IntArrayRef sizes, int6
       strict, std::max<int64_t>(static_cast<int64_t>(out.size()), 1),
       [&](Kind* why) { return copy_out(src, sizes, dim, out, strict, bump, why); },
       [&] {
+        StockCall stock;
         at::split_with_sizes_copy_out(out, src, sizes, dim);
         if (bump && !bumps_here()) {  // stock's out= op called from the caller's level bumps
           for (const auto& o : out) o.unsafeGetTensorImpl()->bump_version();

@@ -18,11 +18,6 @@ namespace {
 
 thread_local int t_planner_depth = 0;
 
-struct InsidePlanner {
-  InsidePlanner() { ++t_planner_depth; }
-  ~InsidePlanner() { --t_planner_depth; }
-};
-
 // The one-pass plan over the whole list, one thread (a dispatched call's binding touches every tensor
 // on the calling thread around the copy, so checks on a second thread would only move those lines
 // between cores). nullopt where the one-pass plan refuses the call (nothing written).
@@ -53,8 +48,11 @@ std::optional<CallResult> one_pass_scan(at::TensorList dsts, at::TensorList srcs
 
 bool inside_planner() { return t_planner_depth > 0; }
 
+StockCall::StockCall() { ++t_planner_depth; }
+StockCall::~StockCall() { --t_planner_depth; }
+
 void stock_foreach_copy(at::TensorList dsts, at::TensorList srcs, bool non_blocking) {
-  InsidePlanner inside;
+  StockCall inside;
   at::_foreach_copy_(dsts, srcs, non_blocking);
 }
 
@@ -74,7 +72,7 @@ bool stock_bumps(at::TensorList dsts) {
 
 CallResult plan_and_run(at::TensorList dsts, at::TensorList srcs, bool non_blocking,
                                   bool strict, bool bump, int64_t serial_moved_bytes) {
-  InsidePlanner inside;
+  StockCall inside;
   if (lazy_bit_dst(dsts) >= 0) {
     // Stock's dispatcher raises for such a list before checking it, so the stock op gives the
     // error (and, were it ever to accept the list, the copy and its bumps).

@@ -43,9 +43,20 @@ Plan plan_of(at::TensorList dsts, at::TensorList srcs);
 // stock calls): the debugging mode's reference for `verify`, inside an entered mode too.
 void stock_foreach_copy(at::TensorList dsts, at::TensorList srcs, bool non_blocking);
 
-// Whether this thread is inside plan_and_run: the stock ops it issues (a device's own batched
-// kernel, stock's per-pair loop) must reach the backends, not the interception kernels again.
+// Whether this thread is inside plan_and_run or a StockCall: the stock ops it issues (a device's
+// own batched kernel, stock's per-pair loop, a refused call's own kernel) must reach the backends,
+// not the interception kernels again.
 bool inside_planner();
+
+// While alive, owned ops called on this thread pass the interception kernels by, uncounted: a
+// call the library has counted already, handed to stock's kernel, which may call another owned op
+// (FSDP's copy-out calls aten::split_with_sizes_copy.out).
+struct StockCall {
+  StockCall();
+  ~StockCall();
+  StockCall(const StockCall&) = delete;
+  StockCall& operator=(const StockCall&) = delete;
+};
 
 // Whether an in-place or out= op called here moves its outputs' version counters: ADInplaceOrView
 // is in reach (not excluded, as it is below that key).

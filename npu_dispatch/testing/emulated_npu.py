@@ -164,7 +164,8 @@ def launches_by_op() -> Iterator[LaunchesByOp]:
     from .. import _op_table
 
     # Each intercepted op's copy, as the op table names it (csrc/dispatch/owned_ops.h).
-    labels = {f"{row.counted}.default": row.copy for row in _op_table.rows() if row.intercepted}
+    labels = {row.counted + ("" if row.overload else ".default"): row.copy
+              for row in _op_table.rows() if row.intercepted}
     result = LaunchesByOp()
     ext = _require()
     lock = threading.Lock()
