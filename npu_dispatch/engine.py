@@ -115,7 +115,8 @@ def foreach_copy(
     planned = _native.planned_op()
     if planned is None:
         # No native library: the stock op, which gives stock's results, errors and bumps.
-        _aten_foreach_copy_(list(dsts), list(srcs), non_blocking)
+        with _inside():
+            _aten_foreach_copy_(list(dsts), list(srcs), non_blocking)
         stats.record_passthrough(op, "no_native", len(dsts))
         return
     start = time.perf_counter()
@@ -231,14 +232,16 @@ def split_with_sizes_copy(
     and writes. ``bump``: as :func:`foreach_copy` (each ``out[i]`` once)."""
     module = _native.module()
     if module is None:
-        torch.split_with_sizes_copy(all_gather_output, list(all_gather_input_split_sizes), dim, out=list(out))
+        with _inside():  # counted here, not again as aten's op
+            torch.split_with_sizes_copy(all_gather_output, list(all_gather_input_split_sizes), dim, out=list(out))
         stats.record_passthrough(op, "no_native", len(out))
         return
     start = time.perf_counter()
     ref = None
     if verify:
         ref = _reference(out)
-        torch.split_with_sizes_copy(all_gather_output, list(all_gather_input_split_sizes), dim, out=ref)
+        with module.StockCall():  # stock's op, which an entered NpuFastCopyMode would serve
+            torch.split_with_sizes_copy(all_gather_output, list(all_gather_input_split_sizes), dim, out=ref)
     with _inside():
         v = module.copy_out(all_gather_output, list(all_gather_input_split_sizes), dim, list(out), strict, bump)
     _checked(op, v, stats, start)
@@ -263,7 +266,8 @@ def chunk_cat(
     ``bump``: as :func:`foreach_copy` (``out`` once)."""
     module = _native.module()
     if module is None:
-        torch._chunk_cat(list(tensors), dim, num_chunks, out=out)
+        with _inside():
+            torch._chunk_cat(list(tensors), dim, num_chunks, out=out)
         stats.record_passthrough(op, "no_native", len(tensors))
         return
     start = time.perf_counter()
@@ -298,7 +302,7 @@ def chunk_cat_mixed_dtype(
     ref = None
     if verify:
         ref = _reference([out])
-        with _inside():
+        with _inside(), module.StockCall():
             torch.ops.fsdp.chunk_cat_mixed_dtype(list(tensors), dim, num_chunks, out=ref[0])
     with _inside():
         # The op's own ADInplaceOrView kernel bumps out: nothing here does (mixed ignores bump).

@@ -161,7 +161,7 @@ def _install_no_native_counters(owned) -> None:
 
         def kernel(keyset, *args, op=op, name=name, **kwargs):
             modes = _entered()
-            if modes and not getattr(_local, "inside", False):
+            if modes and not getattr(_local, "inside", False) and not engine.busy():
                 if modes[-1].strict:
                     raise engine.no_native_error(name)
                 modes[-1].stats.record_passthrough(name, "no_native", _pairs(args))

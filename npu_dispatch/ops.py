@@ -24,19 +24,20 @@ for _row in _op_table.rows():
         _lib.define(_row.definition)
 
 
+# The stats of the mode entered, else the counters object itself (global_stats() would first drain
+# the C++ kernels' counters), as the C++ kernels count.
+_current_stats = _stats.current
+
+
 def _foreach_copy_kernel(self: list[torch.Tensor], src: list[torch.Tensor], non_blocking: bool = False) -> None:
-    # The counters object itself: global_stats() would first drain the C++ kernels' counters.
-    engine.foreach_copy(self, src, non_blocking, stats=_stats._GLOBAL, op="npu_dispatch.foreach_copy_", bump=None)
+    engine.foreach_copy(self, src, non_blocking, stats=_current_stats(), op="npu_dispatch.foreach_copy_", bump=None)
 
 
 def _all_gather_copy_in_kernel(all_gather_inputs, all_gather_output, inp_split_sizes, all_gather_input_numel, rank):
     return engine.all_gather_copy_in(
         all_gather_inputs, all_gather_output, inp_split_sizes, all_gather_input_numel, rank,
-        stats=_stats._GLOBAL, op="npu_dispatch.all_gather_copy_in", bump=None,
+        stats=_current_stats(), op="npu_dispatch.all_gather_copy_in", bump=None,
     )
-
-
-_current_stats = _stats.current
 
 
 def _split_with_sizes_copy_kernel(all_gather_output, all_gather_input_split_sizes, dim=0, *, out):

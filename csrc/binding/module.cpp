@@ -71,6 +71,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           stock_foreach_copy(dsts, srcs, non_blocking);
         }),
         "Stock's _foreach_copy_, the interception kernels stepping aside.");
+  // `with module.StockCall():` the owned ops called inside pass the interception kernels by,
+  // uncounted (planner/copy_call.h StockCall): the debugging mode's references.
+  struct StockCallScope {
+    std::optional<StockCall> held;
+  };
+  pyb::class_<StockCallScope>(m, "StockCall")
+      .def(pyb::init<>())
+      .def("__enter__", [](StockCallScope& s) { s.held.emplace(); })
+      .def("__exit__", [](StockCallScope& s, const pyb::args&) { s.held.reset(); });
   m.def("stock_bumps", torch::wrap_pybind_function([](const Tensors& dsts) { return stock_bumps(dsts); }),
         "Whether stock's _foreach_copy_ called here bumps the destinations.");
   m.def("plan", torch::wrap_pybind_function([](const Tensors& dsts, const Tensors& srcs) { return plan(plan_of(dsts, srcs)); }),
