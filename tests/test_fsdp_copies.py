@@ -1,4 +1,5 @@
-"""FSDP2's all-gather copy-out (fsdp.split_with_sizes_copy) and reduce-scatter copy-in
+"""FSDP2's all-gather copy-out (fsdp.split_with_sizes_copy, and aten's split_with_sizes_copy.out
+that it calls) and reduce-scatter copy-in
 (fsdp.chunk_cat) on the fast path: bitwise against stock (NaN payloads, -0.0, padding), dims,
 world sizes, empty shards, errors and partial writes, resize warnings, version counters, through
 the direct ops, the mode's interception and its debugging modes."""
@@ -61,9 +62,18 @@ def stock_copy_out(src, sizes, dim, out):
     fsdp.split_with_sizes_copy(src, sizes, dim=dim, out=out)
 
 
+def stock_aten_copy_out(src, sizes, dim, out):
+    torch.split_with_sizes_copy(src, sizes, dim, out=out)
+
+
 def mode_copy_out(src, sizes, dim, out):
     with nd.NpuFastCopyMode():
         fsdp.split_with_sizes_copy(src, sizes, dim=dim, out=out)
+
+
+def aten_copy_out(src, sizes, dim, out):
+    with nd.NpuFastCopyMode():
+        torch.split_with_sizes_copy(src, sizes, dim, out=out)
 
 
 def direct_copy_out(src, sizes, dim, out):
@@ -74,7 +84,7 @@ def op_copy_out(src, sizes, dim, out):
     torch.ops.npu_dispatch.split_with_sizes_copy(src, sizes, dim, out=out)
 
 
-COPY_OUT = (mode_copy_out, direct_copy_out, op_copy_out)
+COPY_OUT = (mode_copy_out, aten_copy_out, direct_copy_out, op_copy_out)
 
 
 @settings(max_examples=60, deadline=None)
@@ -135,14 +145,36 @@ def test_a_long_copy_out_matches_stock_on_every_call_and_thread_count(world, adj
         torch.set_num_threads(old)
 
 
-def test_fsdp_copy_out_takes_the_fast_path_in_the_mode():
+@pytest.mark.parametrize("op", ["fsdp.split_with_sizes_copy", "aten.split_with_sizes_copy.out"])
+def test_the_copy_out_takes_the_fast_path_in_the_mode(op):
     src, make_out = _copy_out_case(8, [300, 17, 0, 1024], bf16, 1)
     out = make_out()
     with nd.NpuFastCopyMode() as mode:
-        fsdp.split_with_sizes_copy(src, [300, 17, 0, 1024], dim=1, out=out)
-    paths = mode.stats.as_dict()["ops"]["fsdp.split_with_sizes_copy"]["paths"]
+        if op.startswith("fsdp"):
+            fsdp.split_with_sizes_copy(src, [300, 17, 0, 1024], dim=1, out=out)
+        else:
+            torch.split_with_sizes_copy(src, [300, 17, 0, 1024], 1, out=out)
+    ops = mode.stats.as_dict()["ops"]
+    assert set(ops) == {op}
+    paths = ops[op]["paths"]
     assert paths["foreach"]["pairs"] == 8 * 3 and paths["foreach"]["launches"] == 1
     assert mode.stats.total_fallback_calls == 0
+    assert _same(out, [s.contiguous() for s in src.split([300, 17, 0, 1024], 1)])
+
+
+def test_a_copy_out_fsdp_leaves_to_stock_is_counted_once_under_fsdps_op():
+    """FSDP's own kernel for a refused call calls aten::split_with_sizes_copy.out, itself an owned
+    op: the call is counted once, under the op the caller made."""
+    src, _ = _copy_out_case(4, [10, 20], f32, 0)
+    strided = [torch.zeros(4, 20)[:, :10], torch.zeros(4, 20)]
+    want = [o.clone() for o in strided]
+    torch.split_with_sizes_copy(src, [10, 20], 1, out=want)
+    with nd.NpuFastCopyMode() as mode:
+        fsdp.split_with_sizes_copy(src, [10, 20], dim=1, out=strided)
+    ops = mode.stats.as_dict()["ops"]
+    assert set(ops) == {"fsdp.split_with_sizes_copy"} and ops["fsdp.split_with_sizes_copy"]["calls"] == 1
+    assert ops["fsdp.split_with_sizes_copy"]["fallback_calls"] == 1
+    assert _same(strided, want)
 
 
 def _bad_copy_out_cases():
@@ -227,7 +259,8 @@ CHUNK_CAT = (mode_chunk_cat, direct_chunk_cat, op_chunk_cat)
 def _under_this_mode(fn):
     """The call to make inside a test's own NpuFastCopyMode: a mode variant's stock call (its own
     inner mode would count the call where the test's stats cannot see it), else fn."""
-    return {mode_copy_out: stock_copy_out, mode_chunk_cat: stock_chunk_cat}.get(fn, fn)
+    return {mode_copy_out: stock_copy_out, aten_copy_out: stock_aten_copy_out,
+            mode_chunk_cat: stock_chunk_cat}.get(fn, fn)
 
 
 def _fast_calls(mode) -> int:
@@ -385,14 +418,30 @@ def test_strict_and_verify_serve_both_ops_and_strict_names_a_fallback():
     tensors, make_cc = _chunk_cat_case([(9,), (30,)], bf16, f32, 4, 0, 0)
     with nd.NpuFastCopyMode(strict=True, verify=True) as mode:
         fsdp.split_with_sizes_copy(src, [10, 20], dim=1, out=make_out())
+        torch.split_with_sizes_copy(src, [10, 20], 1, out=make_out())
         fsdp.chunk_cat(tensors, 0, 4, out=make_cc())
     ops = mode.stats.as_dict()["ops"]
     assert ops["fsdp.split_with_sizes_copy"]["fast_calls"] == 1 and ops["fsdp.chunk_cat"]["fast_calls"] == 1
+    assert ops["aten.split_with_sizes_copy.out"]["fast_calls"] == 1
     strided = [torch.zeros(4, 20)[:, :10], torch.zeros(4, 20)]
     with pytest.raises(nd.FastCopyFallbackError, match="fsdp.split_with_sizes_copy falls back"):
         with nd.NpuFastCopyMode(strict=True):
             fsdp.split_with_sizes_copy(src, [10, 20], dim=1, out=strided)
     assert not strided[0].any() and not strided[1].any()  # nothing written
+
+
+def test_verify_inside_a_default_mode_counts_its_references_nowhere():
+    """verify's stock reference calls aten::split_with_sizes_copy.out, an owned op: the default
+    mode outside sees none of it, and the inner mode counts each call once."""
+    src, make_out = _copy_out_case(4, [10, 20], f32, 0)
+    with nd.NpuFastCopyMode() as outer:
+        with nd.NpuFastCopyMode(verify=True) as inner:
+            torch.split_with_sizes_copy(src, [10, 20], 1, out=make_out())
+            fsdp.split_with_sizes_copy(src, [10, 20], dim=1, out=make_out())
+            fsdp.split_with_sizes_copy(src, [10, 20], dim=1, out=[torch.zeros(4, 20)[:, :10], torch.zeros(4, 20)])
+    assert outer.stats.as_dict()["ops"] == {}
+    calls = {k: (v["calls"], v["fast_calls"]) for k, v in inner.stats.as_dict()["ops"].items()}
+    assert calls == {"aten.split_with_sizes_copy.out": (1, 1), "fsdp.split_with_sizes_copy": (2, 1)}
 
 
 def test_opcheck_passes_for_both_ops():
@@ -434,13 +483,15 @@ def test_version_counters_move_as_stock_under_the_debugging_modes(debug):
     tensors, make_cc = _chunk_cat_case([(5,), (3,)], bf16, f32, 2, 0, 0)
     for ctx in (None, debug):
         out, cc = make_out(), make_cc()
+        aten_out = make_out()
         with (nd.NpuFastCopyMode(**ctx) if ctx else torch.no_grad()):
             fsdp.split_with_sizes_copy(src, [3, 4], dim=1, out=out)
+            torch.split_with_sizes_copy(src, [3, 4], 1, out=aten_out)
             fsdp.chunk_cat(tensors, 0, 2, out=cc)
-        got = ([o._version for o in out], cc._version)
+        got = ([o._version for o in out], [o._version for o in aten_out], cc._version)
         if ctx is None:
             want = got
-    assert got == want == ([1, 1], 1)
+    assert got == want == ([1, 1], [1, 1], 1)
 
 
 def test_chunk_cat_casts_that_are_not_widening_stay_stocks():
@@ -587,13 +638,15 @@ def test_a_long_refused_chunk_cat_leaves_a_copy_on_write_out_as_stock_does():
         assert torch._C._is_cow_tensor(out), fn.__name__
 
 
-@pytest.mark.parametrize("op", ["chunk_cat", "split_with_sizes_copy"])
+@pytest.mark.parametrize("op", ["chunk_cat", "split_with_sizes_copy", "aten_split_with_sizes_copy"])
 def test_a_call_left_to_stock_for_autograd_is_counted_as_requires_grad(op):
     # Stock serves an input that requires grad (its out does not) under grad mode; the fast
     # path leaves that call to stock and names the reason.
     def call(x, outs):
         if op == "chunk_cat":
             fsdp.chunk_cat([x, torch.ones(3)], 0, 2, out=outs[0])
+        elif op == "aten_split_with_sizes_copy":
+            torch.split_with_sizes_copy(x.view(2, 3), [1, 2], 1, out=outs)
         else:
             fsdp.split_with_sizes_copy(x.view(2, 3), [1, 2], dim=1, out=outs)
 

@@ -140,13 +140,13 @@ def test_no_python_dispatch_mode_is_pushed_and_no_other_op_gets_a_kernel():
         assert torch._C._len_torch_dispatch_stack() == 0
         assert not torch._C._is_torch_function_mode_enabled()
     has = torch._C._dispatch_has_kernel_for_dispatch_key
-    owned = ["aten::_foreach_copy_", "aten::_foreach_copy", "fsdp::all_gather_copy_in", "fsdp::split_with_sizes_copy",
-             "fsdp::chunk_cat"]
+    owned = ["aten::_foreach_copy_", "aten::_foreach_copy", "aten::split_with_sizes_copy.out",
+             "fsdp::all_gather_copy_in", "fsdp::split_with_sizes_copy", "fsdp::chunk_cat"]
     assert all(has(op, "BackendSelect") for op in owned)
     # Ops the mode does not own keep their dispatch tables: none of these has a BackendSelect
     # kernel, so the key falls through for them as with no mode.
     for op in ["aten::add.Tensor", "aten::copy_", "aten::_foreach_add_.List", "aten::split_with_sizes",
-               "aten::narrow", "aten::split_with_sizes_copy.out", "aten::_chunk_cat.out", "aten::cat.out"]:
+               "aten::narrow", "aten::split_with_sizes_copy", "aten::_chunk_cat.out", "aten::cat.out"]:
         assert not has(op, "BackendSelect"), op
 
 

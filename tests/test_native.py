@@ -540,6 +540,19 @@ def test_without_the_native_library_every_copy_is_stocks_and_counted_as_no_nativ
             assert "no_native" in str(e)
         else:
             raise AssertionError("strict did not raise")
+        # Each call counted once, under the op called, though the library's ops and FSDP's call
+        # aten's owned ops beneath.
+        import torch.distributed.fsdp._fully_shard._fsdp_collectives
+        g = torch.randn(4, 30)
+        outs = lambda: [torch.zeros(4, 10), torch.zeros(4, 20)]
+        with nd.NpuFastCopyMode() as mode:
+            torch.split_with_sizes_copy(g, [10, 20], 1, out=outs())
+            torch.ops.fsdp.split_with_sizes_copy(g, [10, 20], dim=1, out=outs())
+            nd.split_with_sizes_copy(g, [10, 20], 1, out=outs())
+            nd.foreach_copy_([torch.zeros(3)], [torch.ones(3)])
+        calls = {k: (v["calls"], v["fallback_calls"]) for k, v in mode.stats.as_dict()["ops"].items()}
+        assert calls == {"aten.split_with_sizes_copy.out": (1, 1), "fsdp.split_with_sizes_copy": (1, 1),
+                         "npu_dispatch.split_with_sizes_copy": (1, 1), "npu_dispatch.foreach_copy_": (1, 1)}, calls
     """)
     env = dict(os.environ, NPU_DISPATCH_NATIVE="0")
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=300)

@@ -23,8 +23,9 @@
 //   schema   the schema the kernel is typed on, as str(op._schema) prints it; an intercepted op
 //            found with another schema passes through to stock, counted (reason "schema")
 //
-// Sources of the stock schemas: native_functions.yaml (_foreach_copy_, _foreach_copy: torch 2.13
-// to 2.15), torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py (all_gather_copy_in,
+// Sources of the stock schemas: native_functions.yaml (_foreach_copy_, _foreach_copy,
+// split_with_sizes_copy.out: torch 2.13 to 2.15),
+// torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py (all_gather_copy_in,
 // split_with_sizes_copy, chunk_cat) and torch/csrc/distributed/fsdp/ChunkCat.h
 // (chunk_cat_mixed_dtype, torch 2.15 on). The library's own ops copy the stock schemas, so a
 // caller, a FakeTensor trace or an Inductor lowering can swap one for the other.
@@ -36,6 +37,7 @@ NPU_DISPATCH_LIBRARY_OP(SplitWithSizesCopy, python_kernel, split_with_sizes_copy
 NPU_DISPATCH_LIBRARY_OP(ChunkCat, python_kernel, chunk_cat, chunk_cat, "npu_dispatch::chunk_cat(Tensor[] tensors, int dim, int num_chunks, *, Tensor(a!) out) -> ()")
 NPU_DISPATCH_STOCK_OP(AtenForeachCopy, foreach_copy_, foreach_copy, cast, "aten::_foreach_copy_(Tensor(a!)[] self, Tensor[] src, bool non_blocking=False) -> ()")
 NPU_DISPATCH_STOCK_OP(AtenForeachCopyFunctional, foreach_copy, foreach_copy_functional, cast, "aten::_foreach_copy(Tensor[] self, Tensor[] src, bool non_blocking=False) -> Tensor[] self_out")
+NPU_DISPATCH_STOCK_OP(AtenSplitWithSizesCopyOut, copy_out_kernel, split_with_sizes_copy, copy_out, "aten::split_with_sizes_copy.out(Tensor self, SymInt[] split_sizes, int dim=0, *, Tensor(a!)[] out) -> ()")
 NPU_DISPATCH_STOCK_OP(FsdpAllGatherCopyIn, fsdp_all_gather_copy_in, all_gather_copy_in, copy_in, "fsdp::all_gather_copy_in(Tensor[] all_gather_inputs, Tensor all_gather_output, SymInt[] inp_split_sizes, SymInt all_gather_input_numel, SymInt rank) -> (Tensor, Tensor)")
 NPU_DISPATCH_STOCK_OP(FsdpSplitWithSizesCopy, copy_out_kernel, split_with_sizes_copy, copy_out, "fsdp::split_with_sizes_copy(Tensor all_gather_output, SymInt[] all_gather_input_split_sizes, int dim=0, *, Tensor(a!)[] out) -> ()")
 NPU_DISPATCH_STOCK_OP(FsdpChunkCat, fsdp_chunk_cat, chunk_cat, chunk_cat, "fsdp::chunk_cat(Tensor[] tensors, int dim, int num_chunks, *, Tensor(a!) out) -> ()")
