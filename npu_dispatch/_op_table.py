@@ -36,17 +36,17 @@ class OwnedOp:
 
     @property
     def qualified(self) -> str:
-        """``"aten::split_with_sizes_copy.out"``, ``"fsdp::chunk_cat"``: the name with its overload."""
+        """``"aten::add.Tensor"``, ``"fsdp::chunk_cat"``: the name with its overload."""
         return self.schema.split("(", 1)[0]
 
     @property
     def name(self) -> str:
-        """``"aten::split_with_sizes_copy"``: the name without its overload."""
+        """``"aten::add"``: the name without its overload."""
         return self.qualified.split(".", 1)[0]
 
     @property
     def overload(self) -> str:
-        """``"out"``, or ``""`` for the default overload."""
+        """``"Tensor"``, or ``""`` for the default overload."""
         return self.qualified.partition(".")[2]
 
     @property
@@ -55,12 +55,12 @@ class OwnedOp:
 
     @property
     def op_name(self) -> str:
-        """``"split_with_sizes_copy"``: the name inside its namespace, without the overload."""
+        """``"add"``: the name inside its namespace, without the overload."""
         return self.name.split("::", 1)[1]
 
     @property
     def counted(self) -> str:
-        """``"aten.split_with_sizes_copy.out"``, ``"fsdp.chunk_cat"``: the name stats count it under
+        """``"aten.add.Tensor"``, ``"fsdp.chunk_cat"``: the name stats count it under
         (``str(op)`` of its OpOverload, without ``".default"``)."""
         return self.qualified.replace("::", ".", 1)
 

@@ -44,7 +44,7 @@ def _find(row) -> tuple:
 
 
 def _counted(op) -> str:
-    """``"aten.split_with_sizes_copy.out"``, ``"fsdp.chunk_cat"``: the op's name in the stats (its
+    """``"aten.add.Tensor"``, ``"fsdp.chunk_cat"``: the op's name in the stats (its
     op table row's ``counted``)."""
     return str(op).removesuffix(".default")
 

@@ -110,11 +110,11 @@ std::tuple<at::Tensor, at::Tensor> fsdp_all_gather_copy_in(c10::DispatchKeySet k
 
 using SplitCopyFn = void(const at::Tensor&, c10::SymIntArrayRef, int64_t, at::TensorList);
 
-// The all-gather copy-out, aten::split_with_sizes_copy.out's result (fsdp/copies.h), for FSDP2's op
-// and for aten's own; refused calls go on to the op's kernel unchanged.
+// The all-gather copy-out (fsdp/copies.h), for FSDP2's op and for aten's out= op it calls; refused
+// calls go on to the op's kernel unchanged.
 template <CountedOp kOp>
 void copy_out_kernel(c10::DispatchKeySet ks, const at::Tensor& src, c10::SymIntArrayRef sizes, int64_t dim,
-                                at::TensorList out) {
+                     at::TensorList out) {
   ModeScope* s = serving(&src);
   const auto concrete = c10::asIntArrayRefSlowOpt(sizes);
   static const auto op =

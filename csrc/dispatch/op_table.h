@@ -23,23 +23,23 @@ struct OwnedOp {
   const char* wrapper;  // npu_dispatch/engine.py's serving function
   bool intercepted;     // a stock op, served at BackendSelect (else the library's own op)
 
-  // "aten::split_with_sizes_copy.out": the schema's qualified name, with its overload if any.
+  // "aten::add.Tensor": the schema's qualified name, with its overload if any.
   std::string_view qualified() const {
     const std::string_view s(schema);
     return s.substr(0, s.find('('));
   }
-  // "aten::split_with_sizes_copy": the name without the overload.
+  // "aten::add": the name without the overload.
   std::string_view name() const { return qualified().substr(0, qualified().find('.')); }
-  // "out", or "" for the default overload.
+  // "Tensor", or "" for the default overload.
   std::string_view overload() const {
     const auto dot = qualified().find('.');
     return dot == std::string_view::npos ? std::string_view() : qualified().substr(dot + 1);
   }
   // "fsdp": the namespace.
   std::string_view ns() const { return name().substr(0, name().find("::")); }
-  // "split_with_sizes_copy.out": the name inside its namespace, as torch::Library::impl takes it.
+  // "add.Tensor": the name inside its namespace, as torch::Library::impl takes it.
   std::string_view impl_name() const { return qualified().substr(qualified().find("::") + 2); }
-  // "aten.split_with_sizes_copy.out", "fsdp.chunk_cat": the name stats count the op under
+  // "aten.add.Tensor", "fsdp.chunk_cat": the name stats count the op under
   // (str(OpOverload), without ".default").
   std::string counted() const { return std::string(ns()) + "." + std::string(impl_name()); }
 };
@@ -53,7 +53,7 @@ inline constexpr OwnedOp kOwnedOps[] = {
 };
 static_assert(sizeof(kOwnedOps) / sizeof(kOwnedOps[0]) == kNumCountedOps, "a row per counted op");
 
-// The row of the op named `name` ("aten::split_with_sizes_copy") with overload `overload` ("out",
+// The row of the op named `name` ("aten::add") with overload `overload` ("Tensor",
 // "" for the default), if it is owned.
 inline std::optional<CountedOp> owned_op(std::string_view name, std::string_view overload) {
   for (int k = 0; k < kNumCountedOps; ++k) {
@@ -62,7 +62,7 @@ inline std::optional<CountedOp> owned_op(std::string_view name, std::string_view
   return std::nullopt;
 }
 
-// The row of the op `qualified` ("aten::split_with_sizes_copy.out", "fsdp::chunk_cat"), if owned.
+// The row of the op `qualified` ("aten::add.Tensor", "fsdp::chunk_cat"), if owned.
 inline std::optional<CountedOp> owned_op(std::string_view qualified) {
   for (int k = 0; k < kNumCountedOps; ++k) {
     if (kOwnedOps[k].qualified() == qualified) return static_cast<CountedOp>(k);

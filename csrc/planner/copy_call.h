@@ -50,7 +50,7 @@ bool inside_planner();
 
 // While alive, owned ops called on this thread pass the interception kernels by, uncounted: a
 // call the library has counted already, handed to stock's kernel, which may call another owned op
-// (FSDP's copy-out calls aten::split_with_sizes_copy.out).
+// (FSDP's copy-out calls aten's, itself an owned op).
 struct StockCall {
   StockCall();
   ~StockCall();
