@@ -240,7 +240,7 @@ def split_with_sizes_copy(
     ref = None
     if verify:
         ref = _reference(out)
-        with module.StockCall():  # stock's op, which an entered NpuFastCopyMode would serve
+        with _inside(), module.StockCall():  # stock's op, which an entered NpuFastCopyMode would serve
             torch.split_with_sizes_copy(all_gather_output, list(all_gather_input_split_sizes), dim, out=ref)
     with _inside():
         v = module.copy_out(all_gather_output, list(all_gather_input_split_sizes), dim, list(out), strict, bump)

@@ -43,18 +43,12 @@ def _find(row) -> tuple:
     return op, None if str(op._schema) == row.schema else f"unsupported {row.qualified} schema {op._schema}"
 
 
-def _counted(op) -> str:
-    """``"aten.add.Tensor"``, ``"fsdp.chunk_cat"``: the op's name in the stats (its
-    op table row's ``counted``)."""
-    return str(op).removesuffix(".default")
-
-
 # Filled on the first NpuFastCopyMode(): finding the FSDP op imports FSDP, which `import
 # npu_dispatch` should not pay. id(op) -> (op, handler or None where the op only passes through,
-# "namespace.name"): the debugging mode's table, keyed by id because OpOverload hashes in Python.
+# its row's counted name): the debugging mode's table, keyed by id because OpOverload hashes in
+# Python.
 _TABLE: dict = {}
-# The stock ops found in this torch for the op table's intercepted rows (default overloads), set by
-# _install.
+# (OpOverload, row) of each intercepted row of the op table whose op this torch has, set by _install.
 _INTERCEPTED: list = []
 # Why the interception kernels are not used in this process (empty: they are), set by _install.
 _NO_INTERCEPTION: list = []
@@ -105,7 +99,7 @@ def _install() -> None:
         if op is None:
             continue
         if row.intercepted:
-            _INTERCEPTED.append(op)
+            _INTERCEPTED.append((op, row))
         if row.namespace == "aten":
             why = None  # its schema is a dispatcher fact (csrc/dispatch/dispatcher_facts.h)
         elif row.intercepted:
@@ -116,18 +110,17 @@ def _install() -> None:
             elif why is not None:
                 log.warning("npu_dispatch: passing %s through to stock: %s", row.counted, why)
             (served if why is None else passing).append(row.qualified)
-        entries[op] = engine.HANDLERS[row.wrapper] if why is None else None
+        entries[op] = (engine.HANDLERS[row.wrapper] if why is None else None, row.counted)
     refused = _check_and_install(module, served) if module is not None else None
     if refused is not None:
         log.warning("npu_dispatch: NpuFastCopyMode takes the Python dispatch-mode path (a per-op cost): %s", refused)
         _NO_INTERCEPTION.append(refused)
     elif module is not None:
         for qualified in passing:
-            name, _, overload = qualified.partition(".")
-            module.install_passthrough(name, overload)
+            module.install_passthrough(qualified)
     else:
         _install_no_native_counters(_INTERCEPTED)
-    _TABLE.update({id(op): (op, h, _counted(op)) for op, h in entries.items()})
+    _TABLE.update({id(op): (op, handler, counted) for op, (handler, counted) in entries.items()})
 
 
 # ---- without the native library: count, and leave every call to stock ---------------------------
@@ -153,11 +146,11 @@ def _install_no_native_counters(owned) -> None:
     on threads other than the entering one are not counted (a Python thread-local holds the
     modes)."""
     libs: dict = {}
-    for op in owned:
-        ns = op.namespace
+    for op, row in owned:
+        ns = row.namespace
         if ns not in libs:
             libs[ns] = torch.library.Library(ns, "IMPL")
-        name = _counted(op)
+        name = row.counted
 
         def kernel(keyset, *args, op=op, name=name, **kwargs):
             modes = _entered()
@@ -172,8 +165,7 @@ def _install_no_native_counters(owned) -> None:
                     _local.inside = False
             return op.redispatch(keyset & _AFTER_BACKEND_SELECT, *args, **kwargs)
 
-        overload = "" if op._overloadname == "default" else f".{op._overloadname}"
-        libs[ns].impl(op._opname + overload, kernel, "BackendSelect", with_keyset=True)
+        libs[ns].impl(row.qualified.split("::", 1)[1], kernel, "BackendSelect", with_keyset=True)
     _KEEP_ALIVE.extend(libs.values())
 
 
@@ -201,10 +193,14 @@ class _DebugMode(TorchDispatchMode):
         module = _native.module()
         self._in_reach = module.in_reach_modes if module is not None else None
         self._marked = set()
+        # The intercepted ops with an ADInplaceOrView kernel of their own, which moves the counters.
+        self._own_bumps = set()
         if module is not None:
-            for op in _INTERCEPTED:
-                if module.install_in_reach_marker(op.name()):
-                    self._marked.add(_counted(op))
+            for op, row in _INTERCEPTED:
+                if module.install_in_reach_marker(row.qualified):
+                    self._marked.add(row.counted)
+                else:
+                    self._own_bumps.add(row.counted)
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -213,8 +209,11 @@ class _DebugMode(TorchDispatchMode):
     def bumps(self, op: str) -> bool | None:
         """The engine's ``bump`` for ``op``: None (stock's rule where the call is made, read from
         this thread's dispatch keys, which __torch_dispatch__ sets back to the caller's for a
-        marked op) or, for the library's own ops, True."""
-        return None if op in self._marked else True
+        marked op), False where the op's own ADInplaceOrView kernel moves the counters, or, for
+        the library's own ops, True."""
+        if op in self._marked:
+            return None
+        return op not in self._own_bumps
 
     def other_modes(self, op: str) -> bool:
         """Whether a Python dispatch mode other than the library's own was on the stack when the
@@ -329,8 +328,9 @@ class _DebugBackend:
 
 
 class NpuFastCopyMode(contextlib.ContextDecorator):
-    """Serves the owned ops (``aten._foreach_copy_`` and FSDP2's copy ops; the rows of
-    csrc/dispatch/owned_ops.h) with the library's planner inside a ``with`` block.
+    """Serves the owned ops (the rows of csrc/dispatch/owned_ops.h: ``aten._foreach_copy_``,
+    FSDP2's copy ops and the aten op its copy-out calls) with the library's planner inside a
+    ``with`` block.
 
     Results, errors and version-counter bumps are those of the stock ops without a mode, bit for
     bit (NaN payloads and -0.0 included). Every other op costs what it costs with no mode: by

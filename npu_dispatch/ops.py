@@ -24,8 +24,10 @@ for _row in _op_table.rows():
         _lib.define(_row.definition)
 
 
-# The stats of the mode entered, else the counters object itself (global_stats() would first drain
-# the C++ kernels' counters), as the C++ kernels count.
+# The stats of the innermost mode this thread entered, else the counters object itself
+# (global_stats() would first drain the C++ kernels' counters). The C++ kernels count in the mode
+# whose scope the thread carries, autograd's threads included; these Python kernels count a call
+# made on such a thread globally.
 _current_stats = _stats.current
 
 

@@ -704,3 +704,22 @@ def test_a_mixed_dtype_chunk_cat_counts_one_kernel_pass_over_out():
     assert after["kernel_passes"] - before["kernel_passes"] == 1
     assert after["kernel_bytes"] - before["kernel_bytes"] == got.nbytes
     assert after["kernel_items"] - before["kernel_items"] == 3 * 2  # a piece per tensor per chunk
+
+
+@pytest.mark.skipif(not _has_mixed_dtype_chunk_cat(), reason="fsdp::chunk_cat_mixed_dtype is torch 2.15's")
+def test_a_refused_mixed_dtype_chunk_cat_under_verify_counts_once_in_the_inner_mode():
+    # verify's reference and the refused call's stock op are both fsdp::chunk_cat_mixed_dtype, an
+    # owned op: the default mode outside counts neither.
+    gen = torch.Generator().manual_seed(3)
+    tensors = [torch.randn(16, generator=gen).bfloat16()[::2], torch.randn(5, generator=gen)]  # strided: refused
+    want = torch.full((2, 7), float("nan"))
+    torch.ops.fsdp.chunk_cat_mixed_dtype(tensors, 0, 2, out=want)
+    got = torch.full((2, 7), float("nan"))
+    with nd.NpuFastCopyMode() as outer:
+        with nd.NpuFastCopyMode(verify=True) as inner:
+            torch.ops.fsdp.chunk_cat_mixed_dtype(tensors, 0, 2, out=got)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    assert outer.stats.as_dict()["ops"] == {}
+    ops = inner.stats.as_dict()["ops"]
+    assert set(ops) == {"fsdp.chunk_cat_mixed_dtype"} and ops["fsdp.chunk_cat_mixed_dtype"]["calls"] == 1
+    assert ops["fsdp.chunk_cat_mixed_dtype"]["fallback_calls"] == 1

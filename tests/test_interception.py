@@ -482,6 +482,7 @@ lib.define(f"{row.op_name}(Tensor[] inputs, Tensor out) -> Tensor")
 ran = []
 def kernel(inputs, out):
     ran.append(1)
+    torch._foreach_copy_([out.clone()], [out])  # an owned op: counted with this call, not again
     return out.clone()
 lib.impl(row.op_name, kernel, "CPU")
 op = getattr(torch.ops.fsdp, row.op_name).default
@@ -518,7 +519,7 @@ def test_an_owned_op_of_an_unknown_schema_passes_through_counted():
 @interception_only
 def test_only_an_owned_op_can_pass_through_counted():
     with pytest.raises(RuntimeError, match="not an owned op"):
-        _native.module().install_passthrough("aten::add", "Tensor")
+        _native.module().install_passthrough("aten::add.Tensor")
 
 
 _UNTESTED_TORCH = r"""

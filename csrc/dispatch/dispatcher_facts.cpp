@@ -20,10 +20,8 @@ namespace {
 
 // An op by its qualified name, "ns::name[.overload]".
 std::optional<c10::OperatorHandle> find(std::string_view qualified) {
-  const auto dot = qualified.find('.');
-  const std::string name(qualified.substr(0, dot));
-  const std::string overload(dot == std::string_view::npos ? std::string_view() : qualified.substr(dot + 1));
-  return c10::Dispatcher::singleton().findOp(c10::OperatorName(name, overload));
+  const auto [name, overload] = split_qualified(qualified);
+  return c10::Dispatcher::singleton().findOp(c10::OperatorName(std::string(name), std::string(overload)));
 }
 
 }  // namespace

@@ -34,6 +34,14 @@ c10::TypedOperatorHandle<Fn> handle(CountedOp op) {
       .typed<Fn>();
 }
 
+// A call this kernel counts, handed on to the op's own kernel: any owned op that kernel calls
+// (FSDP's copy-out calls aten's) passes the interception by, so the call is counted once.
+template <typename Fn, typename... Args>
+auto to_stock(const c10::TypedOperatorHandle<Fn>& op, c10::DispatchKeySet ks, Args&&... args) {
+  StockCall counted_here;
+  return op.redispatch(ks & kAfterBackendSelect, std::forward<Args>(args)...);
+}
+
 // The one question every interception kernel asks: the scope to serve this call in, or nullptr
 // when the call goes on below unchanged (no mode entered, the planner's own stock call, or
 // tensors of a FakeTensor's execution, which are meta).
@@ -98,6 +106,8 @@ std::tuple<at::Tensor, at::Tensor> fsdp_all_gather_copy_in(c10::DispatchKeySet k
   const auto concrete_numel = numel.maybe_as_int();
   const auto concrete_rank = rank.maybe_as_int();
   if (s == nullptr || !concrete_sizes || !concrete_numel || !concrete_rank) {
+    // Symbolic sizes (real tensors only reach here outside a trace): FSDP's kernel runs, its
+    // _foreach_copy_ served and counted as aten's.
     static const auto op = handle<CopyInFn>(kOp);
     return op.redispatch(ks & kAfterBackendSelect, inputs, out, sizes, std::move(numel), std::move(rank));
   }
@@ -127,10 +137,7 @@ void copy_out_kernel(c10::DispatchKeySet ks, const at::Tensor& src, c10::SymIntA
   Kind why = Kind::MayRaise;
   auto counts = copy_out(src, *concrete, dim, out, false, bumps_here(), &why);
   if (!counts) {
-    {
-      StockCall stock;  // counted here, once, whatever owned op the kernel calls
-      op.redispatch(ks & kAfterBackendSelect, src, sizes, dim, out);
-    }
+    to_stock(op, ks, src, sizes, dim, out);
     counts = stock_counts(why, std::max<int64_t>(static_cast<int64_t>(out.size()), 1), total_bytes(out));
   }
   s->stats->record(kOp, *counts, now_ns() - t0);
@@ -150,7 +157,7 @@ void serve_chunk_cat(const c10::TypedOperatorHandle<Fn>& op, CountedOp counted, 
   Kind why = Kind::MayRaise;
   auto counts = serve(&why);
   if (!counts) {
-    op.redispatch(ks & kAfterBackendSelect, tensors, dim, num_chunks, out);
+    to_stock(op, ks, tensors, dim, num_chunks, out);
     counts = stock_counts(why, std::max<int64_t>(static_cast<int64_t>(tensors.size()), 1), total_bytes({out}));
   }
   s->stats->record(counted, *counts, now_ns() - t0);
@@ -188,12 +195,16 @@ void passthrough(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::j
     const size_t nargs = op.schema().arguments().size();
     const auto& first = (*stack)[stack->size() - nargs];
     const int64_t pairs = first.isTensorList() ? static_cast<int64_t>(first.toTensorList().size()) : 1;
-    s->stats->record(*owned_op(op.operator_name().name, op.operator_name().overload_name), stock_counts(Kind::Schema, pairs, 0, /*bumped=*/false), 0);
+    s->stats->record(*owned_op(op.operator_name().name, op.operator_name().overload_name),
+                     stock_counts(Kind::Schema, pairs, 0, /*bumped=*/false), 0);
+    StockCall counted_here;  // as to_stock
+    op.redispatchBoxed(ks & kAfterBackendSelect, stack);
+    return;
   }
   op.redispatchBoxed(ks & kAfterBackendSelect, stack);
 }
 
-// The in-reach marker (dispatch/intercept.h): what a call of aten::_foreach_copy_ found at ADInplaceOrView.
+// The in-reach marker (dispatch/intercept.h): what a call of a marked op found at ADInplaceOrView.
 thread_local int64_t t_in_reach_modes = -1;
 
 void in_reach_marker(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
@@ -250,12 +261,9 @@ bool install_in_reach_marker(const std::string& qualified) {
   std::lock_guard<std::mutex> g(m);
   auto it = done.find(qualified);
   if (it != done.end()) return it->second;
-  // "ns::name.overload": the namespace, then the name torch::Library::impl takes.
   const auto pos = qualified.find("::");
-  const auto dot = qualified.find('.', pos == std::string::npos ? 0 : pos);
-  const std::string name = qualified.substr(0, dot);
-  const std::string overload = dot == std::string::npos ? "" : qualified.substr(dot + 1);
-  const auto op = c10::Dispatcher::singleton().findOp(c10::OperatorName(name, overload));
+  const auto [name, overload] = split_qualified(qualified);
+  const auto op = c10::Dispatcher::singleton().findOp(c10::OperatorName(std::string(name), std::string(overload)));
   const bool ok = pos != std::string::npos && op && !op->hasKernelForDispatchKey(c10::DispatchKey::ADInplaceOrView);
   if (ok) {
     auto* lib = new torch::Library(torch::Library::IMPL, qualified.substr(0, pos), c10::DispatchKey::ADInplaceOrView,
@@ -268,19 +276,16 @@ bool install_in_reach_marker(const std::string& qualified) {
 
 int64_t in_reach_modes() { return t_in_reach_modes; }
 
-void install_passthrough(const std::string& op_name, const std::string& overload) {
+void install_passthrough(const std::string& qualified) {
   static std::mutex m;
   static std::set<std::string> done;
   std::lock_guard<std::mutex> g(m);
-  const std::string key = op_name + "." + overload;
-  if (!done.insert(key).second) return;
-  const auto pos = op_name.find("::");
-  const auto row = owned_op(op_name, overload);
-  TORCH_CHECK(row && kOwnedOps[*row].intercepted, "npu_dispatch: not an owned op (dispatch/owned_ops.h): ", op_name);
-  auto* lib = new torch::Library(torch::Library::IMPL, op_name.substr(0, pos), c10::DispatchKey::BackendSelect,
+  if (!done.insert(qualified).second) return;
+  const auto row = owned_op(qualified);
+  TORCH_CHECK(row && kOwnedOps[*row].intercepted, "npu_dispatch: not an owned op (dispatch/owned_ops.h): ", qualified);
+  auto* lib = new torch::Library(torch::Library::IMPL, std::string(kOwnedOps[*row].ns()), c10::DispatchKey::BackendSelect,
                                  __FILE__, __LINE__);
-  const std::string name = overload.empty() ? op_name.substr(pos + 2) : op_name.substr(pos + 2) + "." + overload;
-  lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&passthrough>());
+  lib->impl(std::string(kOwnedOps[*row].impl_name()).c_str(), torch::CppFunction::makeFromBoxedFunction<&passthrough>());
 }
 
 }  // namespace npu_dispatch

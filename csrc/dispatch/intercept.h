@@ -19,8 +19,9 @@ namespace npu_dispatch {
 // and a kernel with no mode entered only redispatches.
 void install_interception(const std::vector<std::string>& served);
 // For an owned op whose installed schema is not the one this library serves: a boxed kernel
-// that counts each call inside a mode (reason "schema") and redispatches it unchanged.
-void install_passthrough(const std::string& op_name, const std::string& overload);
+// that counts each call inside a mode (reason "schema") and redispatches it unchanged, any owned
+// op its kernel calls passing the interception by. `qualified`: "ns::name[.overload]".
+void install_passthrough(const std::string& qualified);
 
 // For NpuFastCopyMode's Python dispatch-mode path (npu_dispatch/mode.py), whose handler runs with
 // ADInplaceOrView excluded whatever the caller did: a kernel at ADInplaceOrView for an owned op

@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace npu_dispatch {
 
@@ -18,6 +19,14 @@ enum CountedOp : int {
   kNumCountedOps
 };
 
+// "aten::add.Tensor" -> {"aten::add", "Tensor"}; "fsdp::chunk_cat" -> {"fsdp::chunk_cat", ""}: an
+// op's qualified name, as the dispatcher's OperatorName holds it.
+inline std::pair<std::string_view, std::string_view> split_qualified(std::string_view qualified) {
+  const auto dot = qualified.find('.');
+  if (dot == std::string_view::npos) return {qualified, {}};
+  return {qualified.substr(0, dot), qualified.substr(dot + 1)};
+}
+
 struct OwnedOp {
   const char* schema;   // "fsdp::chunk_cat(Tensor[] tensors, ...) -> ()"
   const char* wrapper;  // npu_dispatch/engine.py's serving function
@@ -29,12 +38,9 @@ struct OwnedOp {
     return s.substr(0, s.find('('));
   }
   // "aten::add": the name without the overload.
-  std::string_view name() const { return qualified().substr(0, qualified().find('.')); }
+  std::string_view name() const { return split_qualified(qualified()).first; }
   // "Tensor", or "" for the default overload.
-  std::string_view overload() const {
-    const auto dot = qualified().find('.');
-    return dot == std::string_view::npos ? std::string_view() : qualified().substr(dot + 1);
-  }
+  std::string_view overload() const { return split_qualified(qualified()).second; }
   // "fsdp": the namespace.
   std::string_view ns() const { return name().substr(0, name().find("::")); }
   // "add.Tensor": the name inside its namespace, as torch::Library::impl takes it.

@@ -20,8 +20,10 @@
 //   copy     which of FSDP2's copies the op makes: cast (the mixed-precision cast, or any foreach
 //            copy), copy_in (all-gather copy-in), copy_out (all-gather copy-out), chunk_cat
 //            (reduce-scatter copy-in)
-//   schema   the schema the kernel is typed on, as str(op._schema) prints it; an intercepted op
-//            found with another schema passes through to stock, counted (reason "schema")
+//   schema   the schema the kernel is typed on, as str(op._schema) prints it; an intercepted fsdp
+//            op found with another schema passes through to stock, counted (reason "schema"); an
+//            aten op's schema is a dispatcher fact (dispatch/dispatcher_facts.h): where it differs,
+//            the mode takes its Python path
 //
 // Sources of the stock schemas: native_functions.yaml (_foreach_copy_, _foreach_copy,
 // split_with_sizes_copy.out: torch 2.13 to 2.15),

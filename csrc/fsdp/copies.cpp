@@ -491,6 +491,7 @@ CallResult serve_or_stock(bool strict, int64_t pairs, Serve serve, Stock stock) 
   Kind why = Kind::MayRaise;
   if (auto served = serve(&why)) return *served;
   if (strict) return blocked_counts(why, pairs);
+  StockCall counted_here;  // stock's op, and any owned op it calls, pass the interception by
   return stock_counts(why, pairs, stock());
 }
 
@@ -502,7 +503,6 @@ CallResult copy_out_or_stock(const at::Tensor& src, c10::IntArrayRef sizes, int6
       strict, std::max<int64_t>(static_cast<int64_t>(out.size()), 1),
       [&](Kind* why) { return copy_out(src, sizes, dim, out, strict, bump, why); },
       [&] {
-        StockCall stock;
         at::split_with_sizes_copy_out(out, src, sizes, dim);
         if (bump && !bumps_here()) {  // stock's out= op called from the caller's level bumps
           for (const auto& o : out) o.unsafeGetTensorImpl()->bump_version();
