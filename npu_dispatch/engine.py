@@ -234,7 +234,7 @@ def split_with_sizes_copy(
     if module is None:
         with _inside():  # counted here, not again as aten's op
             torch.split_with_sizes_copy(all_gather_output, list(all_gather_input_split_sizes), dim, out=list(out))
-        stats.record_passthrough(op, "no_native", len(out))
+        stats.record_passthrough(op, "no_native", max(len(out), 1))
         return
     start = time.perf_counter()
     ref = None
@@ -268,7 +268,7 @@ def chunk_cat(
     if module is None:
         with _inside():
             torch._chunk_cat(list(tensors), dim, num_chunks, out=out)
-        stats.record_passthrough(op, "no_native", len(tensors))
+        stats.record_passthrough(op, "no_native", max(len(tensors), 1))
         return
     start = time.perf_counter()
     ref = None

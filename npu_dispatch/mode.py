@@ -131,10 +131,14 @@ _AFTER_BACKEND_SELECT = torch._C._dispatch_keyset_full_after(torch._C.DispatchKe
 _KEEP_ALIVE: list = []
 
 
-def _pairs(args) -> int:
-    """The pairs of an owned op's call, for its stats: the length of its first list."""
-    first = args[0] if args else None
-    return len(first) if isinstance(first, (list, tuple)) else 1
+def _pairs(args, kwargs) -> int:
+    """The pairs of an owned op's call, for its stats: the length of its first tensor list in
+    schema order (the copy-out's ``out``, chunk_cat's ``tensors``, a foreach copy's ``self``), as
+    csrc/dispatch/intercept.cpp ``first_list_length`` counts them; 1 where it has none."""
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, (list, tuple)):
+            return max(len(a), 1)
+    return 1
 
 
 def _install_no_native_counters(owned) -> None:
@@ -157,7 +161,7 @@ def _install_no_native_counters(owned) -> None:
             if modes and not getattr(_local, "inside", False) and not engine.busy():
                 if modes[-1].strict:
                     raise engine.no_native_error(name)
-                modes[-1].stats.record_passthrough(name, "no_native", _pairs(args))
+                modes[-1].stats.record_passthrough(name, "no_native", _pairs(args, kwargs))
                 _local.inside = True  # fsdp's kernel calls _foreach_copy_: one count per call
                 try:
                     return op.redispatch(keyset & _AFTER_BACKEND_SELECT, *args, **kwargs)
@@ -234,15 +238,15 @@ class _DebugMode(TorchDispatchMode):
             return func(*args, **kwargs)
         _, handler, name = entry
         if handler is None:
-            self.stats.record_passthrough(name, "schema", _pairs(args))
+            self.stats.record_passthrough(name, "schema", _pairs(args, kwargs))
             return func(*args, **kwargs)
         if torch._C._len_torch_dispatch_stack() and _infra_mode_below():
             # make_fx's proxy mode (tracing_mode="real"), FakeTensorMode or functionalization sits
             # below every user mode and must see the op itself to record it.
-            self.stats.record_passthrough(name, "infra_mode", _pairs(args))
+            self.stats.record_passthrough(name, "infra_mode", _pairs(args, kwargs))
             return func(*args, **kwargs)
         if types and any(t is not torch.Tensor for t in types):
-            self.stats.record_passthrough(name, "subclass", _pairs(args))
+            self.stats.record_passthrough(name, "subclass", _pairs(args, kwargs))
             if all(t is torch.Tensor or is_traceable_wrapper_subclass_type(t) for t in types):
                 # A wrapper subclass (DTensor, TwoTensor...) unwraps itself; the plain-tensor
                 # copies it issues come back to this mode.
@@ -251,7 +255,7 @@ class _DebugMode(TorchDispatchMode):
         if self.other_modes(name):
             # Another Python dispatch mode was on the stack at the call: without this one, the
             # call would reach it, and its handler's own call run below ADInplaceOrView.
-            self.stats.record_passthrough(name, "dispatch_mode", _pairs(args))
+            self.stats.record_passthrough(name, "dispatch_mode", _pairs(args, kwargs))
             return func(*args, **kwargs)
         if name in self._marked and self._in_reach() >= 0:
             # The caller had ADInplaceOrView in reach: so does the work done for it here, as at

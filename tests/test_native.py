@@ -553,6 +553,10 @@ def test_without_the_native_library_every_copy_is_stocks_and_counted_as_no_nativ
         calls = {k: (v["calls"], v["fallback_calls"]) for k, v in mode.stats.as_dict()["ops"].items()}
         assert calls == {"aten.split_with_sizes_copy.out": (1, 1), "fsdp.split_with_sizes_copy": (1, 1),
                          "npu_dispatch.split_with_sizes_copy": (1, 1), "npu_dispatch.foreach_copy_": (1, 1)}, calls
+        # Pairs as every route counts them: the first tensor list (here out), wherever it is passed.
+        pairs = {k: v["paths"]["stock"]["pairs"] for k, v in mode.stats.as_dict()["ops"].items()}
+        assert pairs == {"aten.split_with_sizes_copy.out": 2, "fsdp.split_with_sizes_copy": 2,
+                         "npu_dispatch.split_with_sizes_copy": 2, "npu_dispatch.foreach_copy_": 1}, pairs
     """)
     env = dict(os.environ, NPU_DISPATCH_NATIVE="0")
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=300)

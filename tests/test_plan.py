@@ -157,6 +157,23 @@ def test_npu_int64_needs_cann_8_1(cann, int64_ok):
         assert (p.fallback == []) is int64_ok
 
 
+def test_a_call_with_no_fast_pair_is_whole_stock_only_where_the_devices_own_op_batches():
+    # The npu rules on CPU tensors: the CPU has no op of its own that batches lists
+    # (device_batching.h), so each pair falls back with its own reason, one launch each.
+    d = [torch.zeros(5, dtype=bf16), torch.zeros(4, dtype=torch.int8)]
+    s = [torch.randn(5, dtype=f64), torch.randn(4)]
+    with override({"cpu": npu_capability("8.0.RC3")}):
+        p = nd.explain(d, s)
+        assert p.stock_reason is None and p.fallback == [0, 1] and p.launches == 2
+        assert [p.reasons[i][0] for i in (0, 1)] == ["dtype", "dtype"]
+        want = [t.clone() for t in d]
+        torch._foreach_copy_(want, s)
+        with nd.NpuFastCopyMode() as mode:
+            torch._foreach_copy_(d, s)
+    assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(d, want))
+    assert mode.stats.fallback_reasons == {"dtype": 2}, mode.stats.report()
+
+
 def test_no_capability_means_fallback_and_results_still_match():
     with override({"cpu": None}):
         dst = [torch.empty(3), torch.empty(4)]

@@ -189,12 +189,20 @@ void fsdp_chunk_cat_mixed(c10::DispatchKeySet ks, at::TensorList tensors, int64_
   });
 }
 
+// The pairs a call handed to stock whole counts: its first tensor list's length, in schema order
+// (the copy-out's out, chunk_cat's tensors, a foreach copy's self), at least 1; as the refused
+// calls above and npu_dispatch/mode.py _pairs count them.
+int64_t first_list_length(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const size_t nargs = op.schema().arguments().size();
+  for (size_t k = stack.size() - nargs; k < stack.size(); ++k) {
+    if (stack[k].isTensorList()) return std::max<int64_t>(static_cast<int64_t>(stack[k].toTensorList().size()), 1);
+  }
+  return 1;
+}
+
 void passthrough(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   if (ModeScope* s = serving(nullptr)) {
-    // One whole call to stock, its first list's length as its pairs.
-    const size_t nargs = op.schema().arguments().size();
-    const auto& first = (*stack)[stack->size() - nargs];
-    const int64_t pairs = first.isTensorList() ? static_cast<int64_t>(first.toTensorList().size()) : 1;
+    const int64_t pairs = first_list_length(op, *stack);
     s->stats->record(*owned_op(op.operator_name().name, op.operator_name().overload_name),
                      stock_counts(Kind::Schema, pairs, 0, /*bumped=*/false), 0);
     StockCall counted_here;  // as to_stock

@@ -482,19 +482,14 @@ class Planner {
               [](const Fallback& a, const Fallback& b) { return a.index < b.index; });
   }
 
-  // Nothing of the call takes a fast path, on a device whose own op batches (op-plugin's batched
-  // H2D / D2H memcpy, its aclnnForeachCopy): that op takes the call whole, as stock, never in more
-  // launches than pair by pair.
+  // Nothing of the call takes a fast path, on a device whose own op batches lists
+  // (device_batching.h: op-plugin's batched H2D / D2H memcpy, its aclnnForeachCopy): that op
+  // takes the call whole, as stock, never in more launches than pair by pair.
   bool nothing_fast_on_batching_device() const {
     if (!plan_.runs.empty() || !plan_.groups.empty() || !plan_.stages.empty() || plan_.fallback.empty()) {
       return false;
     }
-    const auto& f = plan_.fallback.front();
-    for (const auto* t : {&dsts_[f.index], &srcs_[f.index]}) {
-      const Capability* cap = caps_.get(t->device().type());
-      if (cap != nullptr && cap->max_per_launch > 0 && !cap->host_pass) return true;
-    }
-    return false;
+    return own_op_capability(dsts_, srcs_, caps_) != nullptr;
   }
 
   at::TensorList dsts_, srcs_;
