@@ -399,7 +399,7 @@ class Planner {
         bytes_c += nbytes(srcs_[idx[k]]) + (adjacent ? 0 : nbytes(dsts_[idx[k]]));
       }
       if (launches >= n || bytes_c > cap.stage_bytes) {
-        for (size_t k = c.begin; k < c.end; ++k) plan_.fallback.push_back({idx[k], Kind::Dtype, 1});
+        for (size_t k = c.begin; k < c.end; ++k) plan_.fallback.push_back({idx[k], Kind::Dtype, kSubUnsupported});
         continue;
       }
       const auto begin = static_cast<int64_t>(plan_.stage_members.size());
@@ -476,7 +476,7 @@ class Planner {
         continue;
       }
       if (cap != nullptr && stage(idx, *cap)) continue;
-      for (const int64_t i : idx) plan_.fallback.push_back({i, Kind::Dtype, 1});
+      for (const int64_t i : idx) plan_.fallback.push_back({i, Kind::Dtype, kSubUnsupported});
     }
     std::sort(plan_.fallback.begin(), plan_.fallback.end(),
               [](const Fallback& a, const Fallback& b) { return a.index < b.index; });
