@@ -25,7 +25,7 @@ from .errors import FastCopyFallbackError, FastCopyMismatchError
 from .plan import Plan
 from .stats import CopyStats
 
-__all__ = ["busy", "foreach_copy", "all_gather_copy_in", "split_with_sizes_copy", "chunk_cat", "chunk_cat_mixed_dtype",
+__all__ = ["busy", "inside", "foreach_copy", "all_gather_copy_in", "split_with_sizes_copy", "chunk_cat", "chunk_cat_mixed_dtype",
            "no_native_error"]
 
 _local = threading.local()
@@ -38,7 +38,9 @@ def busy() -> bool:
 
 
 @contextlib.contextmanager
-def _inside():
+def inside():
+    """While open, this thread's calls of the owned ops are stock calls the library has counted
+    already: the debugging modes and the counters without the native library pass them on."""
     _local.depth = getattr(_local, "depth", 0) + 1
     try:
         yield
@@ -115,7 +117,7 @@ def foreach_copy(
     planned = _native.planned_op()
     if planned is None:
         # No native library: the stock op, which gives stock's results, errors and bumps.
-        with _inside():
+        with inside():
             _aten_foreach_copy_(list(dsts), list(srcs), non_blocking)
         stats.record_passthrough(op, "no_native", len(dsts))
         return
@@ -124,7 +126,7 @@ def foreach_copy(
         counts, reasons = _native_verify(planned, dsts, srcs, non_blocking, op, strict, bump)
     else:
         # One C++ call: checks, plan, copies (below ADInplaceOrView) and the version bumps.
-        with _inside():
+        with inside():
             r = planned(dsts, srcs, non_blocking, strict, bump)
         if r.blocked:
             raise _strict_error(op, native_plan(dsts, srcs))
@@ -152,7 +154,7 @@ def _native_verify(planned, dsts, srcs, non_blocking, op, strict, bump) -> tuple
         nonlocal v
         v = planned(dsts, srcs, non_blocking, False, bump)  # bumps as the native path does
 
-    with _inside(), torch._C._AutoDispatchBelowADInplaceOrView():
+    with inside(), torch._C._AutoDispatchBelowADInplaceOrView():
         if p.stock_reason is None:
             _verify(p, dsts, srcs, non_blocking, run)
         else:
@@ -232,7 +234,7 @@ def split_with_sizes_copy(
     and writes. ``bump``: as :func:`foreach_copy` (each ``out[i]`` once)."""
     module = _native.module()
     if module is None:
-        with _inside():  # counted here, not again as aten's op
+        with inside():  # counted here, not again as aten's op
             torch.split_with_sizes_copy(all_gather_output, list(all_gather_input_split_sizes), dim, out=list(out))
         stats.record_passthrough(op, "no_native", max(len(out), 1))
         return
@@ -240,9 +242,9 @@ def split_with_sizes_copy(
     ref = None
     if verify:
         ref = _reference(out)
-        with _inside(), module.StockCall():  # stock's op, which an entered NpuFastCopyMode would serve
+        with inside(), module.StockCall():  # stock's op, which an entered NpuFastCopyMode would serve
             torch.split_with_sizes_copy(all_gather_output, list(all_gather_input_split_sizes), dim, out=ref)
-    with _inside():
+    with inside():
         v = module.copy_out(all_gather_output, list(all_gather_input_split_sizes), dim, list(out), strict, bump)
     _checked(op, v, stats, start)
     if ref is not None:
@@ -266,7 +268,7 @@ def chunk_cat(
     ``bump``: as :func:`foreach_copy` (``out`` once)."""
     module = _native.module()
     if module is None:
-        with _inside():
+        with inside():
             torch._chunk_cat(list(tensors), dim, num_chunks, out=out)
         stats.record_passthrough(op, "no_native", max(len(tensors), 1))
         return
@@ -275,7 +277,7 @@ def chunk_cat(
     if verify:
         ref = _reference([out])
         torch._chunk_cat(list(tensors), dim, num_chunks, out=ref[0])
-    with _inside():
+    with inside():
         v = module.chunk_cat(list(tensors), dim, num_chunks, out, strict=strict, bump=bump, mixed=False)
     _checked(op, v, stats, start)
     if ref is not None:
@@ -302,9 +304,9 @@ def chunk_cat_mixed_dtype(
     ref = None
     if verify:
         ref = _reference([out])
-        with _inside(), module.StockCall():
+        with inside(), module.StockCall():
             torch.ops.fsdp.chunk_cat_mixed_dtype(list(tensors), dim, num_chunks, out=ref[0])
-    with _inside():
+    with inside():
         # The op's own ADInplaceOrView kernel bumps out: nothing here does (mixed ignores bump).
         v = module.chunk_cat(list(tensors), dim, num_chunks, out, strict=strict, bump=False, mixed=True)
     _checked(op, v, stats, start)

@@ -126,7 +126,6 @@ def _install() -> None:
 # ---- without the native library: count, and leave every call to stock ---------------------------
 
 _entered = stats_module.entered  # the NpuFastCopyModes entered on this thread, innermost last
-_local = threading.local()  # .inside: a served call is running on this thread
 _AFTER_BACKEND_SELECT = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.BackendSelect)
 _KEEP_ALIVE: list = []
 
@@ -158,15 +157,12 @@ def _install_no_native_counters(owned) -> None:
 
         def kernel(keyset, *args, op=op, name=name, **kwargs):
             modes = _entered()
-            if modes and not getattr(_local, "inside", False) and not engine.busy():
+            if modes and not engine.busy():
                 if modes[-1].strict:
                     raise engine.no_native_error(name)
                 modes[-1].stats.record_passthrough(name, "no_native", _pairs(args, kwargs))
-                _local.inside = True  # fsdp's kernel calls _foreach_copy_: one count per call
-                try:
+                with engine.inside():  # counted: an owned op the kernel calls is not counted again
                     return op.redispatch(keyset & _AFTER_BACKEND_SELECT, *args, **kwargs)
-                finally:
-                    _local.inside = False
             return op.redispatch(keyset & _AFTER_BACKEND_SELECT, *args, **kwargs)
 
         libs[ns].impl(row.qualified.split("::", 1)[1], kernel, "BackendSelect", with_keyset=True)

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <mutex>
 #include <set>
 #include <tuple>
@@ -201,13 +202,12 @@ int64_t first_list_length(const c10::OperatorHandle& op, const torch::jit::Stack
 }
 
 void passthrough(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  std::optional<StockCall> counted_here;  // as to_stock, for a call counted here
   if (ModeScope* s = serving(nullptr)) {
-    const int64_t pairs = first_list_length(op, *stack);
-    s->stats->record(*owned_op(op.operator_name().name, op.operator_name().overload_name),
-                     stock_counts(Kind::Schema, pairs, 0, /*bumped=*/false), 0);
-    StockCall counted_here;  // as to_stock
-    op.redispatchBoxed(ks & kAfterBackendSelect, stack);
-    return;
+    const auto& name = op.operator_name();
+    const auto row = owned_op(name.overload_name.empty() ? name.name : name.name + "." + name.overload_name);
+    s->stats->record(*row, stock_counts(Kind::Schema, first_list_length(op, *stack), 0, /*bumped=*/false), 0);
+    counted_here.emplace();
   }
   op.redispatchBoxed(ks & kAfterBackendSelect, stack);
 }

@@ -14,9 +14,9 @@
 namespace npu_dispatch {
 
 // Registers the interception kernel of each intercepted row of dispatch/owned_ops.h in the aten
-// namespace, and of the rows named in `served` ("fsdp::chunk_cat": ops that exist with the row's
-// schema, which npu_dispatch/mode.py checks; qualified names, "ns::name[.overload]"). Once per op; the registration lasts the process,
-// and a kernel with no mode entered only redispatches.
+// namespace, and of the rows named in `served` (qualified names, "fsdp::chunk_cat": ops that exist
+// with the row's schema, which npu_dispatch/mode.py checks). Once per op; the registration lasts
+// the process, and a kernel with no mode entered only redispatches.
 void install_interception(const std::vector<std::string>& served);
 // For an owned op whose installed schema is not the one this library serves: a boxed kernel
 // that counts each call inside a mode (reason "schema") and redispatches it unchanged, any owned

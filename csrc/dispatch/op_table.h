@@ -59,15 +59,6 @@ inline constexpr OwnedOp kOwnedOps[] = {
 };
 static_assert(sizeof(kOwnedOps) / sizeof(kOwnedOps[0]) == kNumCountedOps, "a row per counted op");
 
-// The row of the op named `name` ("aten::add") with overload `overload` ("Tensor",
-// "" for the default), if it is owned.
-inline std::optional<CountedOp> owned_op(std::string_view name, std::string_view overload) {
-  for (int k = 0; k < kNumCountedOps; ++k) {
-    if (kOwnedOps[k].name() == name && kOwnedOps[k].overload() == overload) return static_cast<CountedOp>(k);
-  }
-  return std::nullopt;
-}
-
 // The row of the op `qualified` ("aten::add.Tensor", "fsdp::chunk_cat"), if owned.
 inline std::optional<CountedOp> owned_op(std::string_view qualified) {
   for (int k = 0; k < kNumCountedOps; ++k) {
