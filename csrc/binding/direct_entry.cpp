@@ -22,7 +22,7 @@
 #include "fsdp/copies.h"
 #include "planner/borrowed.h"
 #include "planner/capability_table.h"
-#include "planner/one_pass_call.h"
+#include "planner/one_pass.h"
 
 namespace npu_dispatch::binding {
 namespace {

@@ -20,7 +20,6 @@
 #include "planner/capability_table.h"
 #include "planner/copy_call.h"
 #include "planner/one_pass.h"
-#include "planner/threaded_checks.h"
 
 namespace npu_dispatch::binding {
 namespace {
@@ -120,7 +119,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return pyb::dict(pyb::arg("kernel_passes") = k.passes, pyb::arg("kernel_items") = k.items,
                      pyb::arg("kernel_bytes") = k.bytes, pyb::arg("kernel_streamed_bytes") = k.streamed,
                      pyb::arg("one_pass_calls") = one_pass_calls(),
-                     pyb::arg("threaded_check_calls") = threaded_check_calls(),
                      pyb::arg("stream_moved_bytes") = stream_moved_bytes());
   });
 }

@@ -1,7 +1,5 @@
 // The one driver of the byte-split CPU passes: the foreach copy's work list (cpu/copy_kernel.h),
-// the copy-out's rows (fsdp/copy_out_kernel.h), chunk_cat's out (fsdp/chunk_cat_kernel.h) and
-// the threaded checks' copy after the GIL is dropped (their copy inside their own region, checks
-// and copy in one fork, fences and counts per thread: planner/threaded_checks.cpp).
+// the copy-out's rows (fsdp/copy_out_kernel.h) and chunk_cat's out (fsdp/chunk_cat_kernel.h).
 // As Apex's multi_tensor_apply, a pass is one flat range of destination units, split into chunks
 // that threads take; what a chunk's bytes are is the caller's.
 #pragma once

@@ -171,15 +171,6 @@ int64_t CpuCopyBatch::caller_threads() {
 
 CpuCopyBatch::CpuCopyBatch() : config_(published_config()), split_threads_(caller_threads()) {}
 
-void CpuCopyBatch::reset(int64_t split_threads) {
-  config_ = published_config();
-  split_threads_ = split_threads;
-  items_.clear();
-  ends_.clear();
-  total_ = 0;
-  moved_ = 0;
-}
-
 bool CpuCopyBatch::add_pair(const at::Tensor& dst, const at::Tensor& src) {
   CopyOp op;
   if (!op_for(src.scalar_type(), dst.scalar_type(), &op)) return false;

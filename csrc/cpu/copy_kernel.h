@@ -57,10 +57,6 @@ class CpuCopyBatch {
   // (FBGEMM's split): its own chunks, as stock copies it.
   void add_fbgemm_f16_to_f32(char* dst, const char* src, int64_t numel);
   void reserve(size_t n) { items_.reserve(n); }
-  // Back to an empty batch with the published configuration, keeping the lists' storage.
-  // `split_threads`: caller_threads() as read on the thread that will run the copy's
-  // parallel_for (the threaded checks reset each share on its own worker, inside its region).
-  void reset(int64_t split_threads);
   // The thread count FBGEMM's fp16 -> fp32 split follows for a copy called from this thread.
   static int64_t caller_threads();
   // Copies every item in one byte_pass (cpu/byte_pass.h) over the items' destination bytes laid
@@ -77,18 +73,14 @@ class CpuCopyBatch {
   // pass can evict its own next lines first and run at L3 speed.
   static bool alternate();
 
-  // A pass split by the caller (the threaded checks): finish() once, then copy_bytes() over any
-  // split of [0, total_bytes()), then count_pass() (cpu/byte_pass.h) once. The work list must not
-  // change between. finish() lays the items end to end.
+ private:
+  // Lays the items end to end (ends_, total_, moved_).
   void finish();
-  int64_t total_bytes() const { return total_; }  // destination bytes
-  int64_t moved_bytes() const { return moved_; }  // read plus written
   // Copies destination bytes [begin, end) of the items laid end to end; with `backward`, last
   // item first (each item still front to back). Returns the bytes stored with streaming stores
-  // (`stream`); the caller fences them (stream_fence) before the range counts as copied.
+  // (`stream`); byte_pass fences them before the range counts as copied.
   int64_t copy_bytes(int64_t begin, int64_t end, bool backward, bool stream) const;
 
- private:
   const KernelConfig* config_;
   int64_t split_threads_;
   std::vector<WorkItem> items_;

@@ -1,7 +1,6 @@
 // The library's one eligibility rule: whether a copy pair may leave stock's op, which kernel takes
-// it, or why it stays stock's. The planner (plan.cpp), the one-pass plan (one_pass.cpp, and the
-// threaded checks that drive it) and the FSDP copies (fsdp/copies.cpp) all ask it; none decides
-// on its own. Its hot half is inline (planner/classify_impl.h): the one-pass plan asks it for
+// it, or why it stays stock's. The planner (plan.cpp), the one-pass plan (one_pass.cpp) and the
+// FSDP copies (fsdp/copies.cpp) all ask it; none decides on its own. Its hot half is inline (planner/classify_impl.h): the one-pass plan asks it for
 // every pair. The list-level half (overlap between pairs, coalescing, grouping) is the planner's
 // and the overlap rule planner/spans.h.
 #pragma once

@@ -9,7 +9,7 @@
 
 #include "planner/capability_table.h"
 #include "planner/execute.h"
-#include "planner/one_pass_call.h"
+#include "planner/one_pass.h"
 #include "planner/plan.h"
 
 namespace npu_dispatch {
@@ -18,9 +18,7 @@ namespace {
 
 thread_local int t_planner_depth = 0;
 
-// The one-pass plan over the whole list, one thread (a dispatched call's binding touches every tensor
-// on the calling thread around the copy, so checks on a second thread would only move those lines
-// between cores). nullopt where the one-pass plan refuses the call (nothing written).
+// The one-pass plan over the whole list; nullopt where it refuses the call (nothing written).
 std::optional<CallResult> one_pass_scan(at::TensorList dsts, at::TensorList srcs, bool bump, int64_t serial_moved_bytes) {
   const size_t n = dsts.size();
   const auto caps = current_capabilities();  // the one-pass plan keeps pointers into it
@@ -30,7 +28,7 @@ std::optional<CallResult> one_pass_scan(at::TensorList dsts, at::TensorList srcs
     impls[i] = dsts[i].unsafeGetTensorImpl();
     impls[n + i] = srcs[i].unsafeGetTensorImpl();
   }
-  switch (call.prepare(*caps, /*grad_check=*/false, kReleaseGilBytes, /*threads=*/false, bump, serial_moved_bytes)) {
+  switch (call.prepare(*caps, /*grad_check=*/false, kReleaseGilBytes, bump, serial_moved_bytes)) {
     case OnePassCall::Step::Refused:
       return std::nullopt;
     case OnePassCall::Step::Prepared:

@@ -1,7 +1,7 @@
 // One `_foreach_copy_` through the native planner: what every entry that reaches it through the
 // dispatcher runs (the interception kernels of dispatch/intercept.h, the kernels of the npu_dispatch ops,
 // the Python debugging mode's handler). The public npu_dispatch.foreach_copy_ called from Python
-// tries the one-pass plan with threaded checks first (binding/direct_entry.cpp) and comes here when it refuses.
+// tries the one-pass plan first (binding/direct_entry.cpp) and comes here when it refuses.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -18,7 +18,7 @@
 
 namespace npu_dispatch {
 
-// Checks the lists (stock's errors and messages), then the one-pass plan (planner/one_pass_call.h) as the
+// Checks the lists (stock's errors and messages), then the one-pass plan (planner/one_pass.h) as the
 // planner's first pass, then the full plan against the capability table in force, and executes
 // (nothing when `strict` finds a fallback). Copies are issued below ADInplaceOrView; with `bump`,
 // each listed destination's version counter then moves once, as stock's in-place kernel does.

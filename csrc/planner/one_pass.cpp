@@ -1,6 +1,7 @@
 #include "planner/one_pass.h"
 
 #include <ATen/record_function.h>
+#include <c10/core/InferenceMode.h>
 
 #include <algorithm>
 #include <atomic>
@@ -29,31 +30,6 @@ uint16_t dtype_pair(c10::ScalarType src, c10::ScalarType dst) {
 
 int64_t one_pass_calls() { return g_one_pass_calls.load(std::memory_order_relaxed); }
 
-bool OnePass::prepare(at::TensorList dsts, at::TensorList srcs, const CapabilityTable& caps) {
-  std::vector<c10::TensorImpl*> impls(2 * dsts.size());
-  for (size_t i = 0; i < dsts.size(); ++i) {
-    impls[i] = dsts[i].unsafeGetTensorImpl();
-    impls[dsts.size() + i] = srcs[i].unsafeGetTensorImpl();
-  }
-  return prepare(impls.data(), impls.data() + dsts.size(), dsts.size(), caps, RuleContext::here());
-}
-
-void OnePass::reset(int64_t split_threads) {
-  auto dst = std::move(dst_spans_);
-  auto src = std::move(src_spans_);
-  auto groups = std::move(groups_);
-  auto batch = std::move(batch_);
-  *this = OnePass();
-  dst.clear();
-  src.clear();
-  groups.clear();
-  batch.reset(split_threads);
-  dst_spans_ = std::move(dst);
-  src_spans_ = std::move(src);
-  groups_ = std::move(groups);
-  batch_ = std::move(batch);
-}
-
 bool OnePass::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* srcs, size_t n,
                        const CapabilityTable& caps, const RuleContext& rule) {
   cap_ = caps.get(c10::DeviceType::CPU);
@@ -66,7 +42,6 @@ bool OnePass::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* srcs
   CopyOp op = CopyOp::Memcpy;
   bool mergeable = false;
   for (size_t i = 0; i < n; ++i) {
-    stop_ = first_pair_ + i;
     // Metadata of a list copied again and again is out of the nearer caches by the next call
     // (the copy streamed its bytes through them): ask for the tensors some pairs ahead, and
     // for the storages of nearer ones, whose tensors have arrived by then.
@@ -118,8 +93,8 @@ bool OnePass::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* srcs
     // A Memcpy item counts bytes (WorkItem::n).
     const int64_t item_n = op == CopyOp::Memcpy ? dbytes : numel;
     // planner/plan.cpp coalesces only inside one storage; two storages side by side are its call.
-    if (adjacent && (dst_storage.unsafeGetStorageImpl() != run_.dst_storage ||
-                     src_storage.unsafeGetStorageImpl() != run_.src_storage)) {
+    if (adjacent && (dst_storage.unsafeGetStorageImpl() != run_dst_storage_ ||
+                     src_storage.unsafeGetStorageImpl() != run_src_storage_)) {
       return false;
     }
     if (mergeable) {
@@ -133,33 +108,20 @@ bool OnePass::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* srcs
       ++run_len_;
       run_bytes_ += dbytes;
     } else {
-      if (runs_opened_ == 1) head_ = current_run();  // the first run ends here
       close_run();
       dst_spans_.push_back({du, du + dbytes});
       src_spans_.push_back({su, su + sbytes});
       run_len_ = 1;
       run_bytes_ = dbytes;
       run_dtypes_ = dtypes;
-      ++runs_opened_;
-      run_.dst = du;
-      run_.src = su;
-      run_.dst_storage = dst_storage.unsafeGetStorageImpl();
-      run_.src_storage = src_storage.unsafeGetStorageImpl();
-      run_.first_pair = first_pair_ + i;
-      run_.dtypes = dtypes;
-      // Where the first run starts is known now (the threaded checks' boundary test needs it even
-      // if a later pair stops this share); its length once it ends.
-      if (runs_opened_ == 1) head_ = run_;
+      run_dst_storage_ = dst_storage.unsafeGetStorageImpl();
+      run_src_storage_ = src_storage.unsafeGetStorageImpl();
     }
     bytes_ += dbytes;
   }
-  stop_ = SIZE_MAX;
-  if (runs_opened_ > 0) {
-    tail_ = current_run();
-    if (runs_opened_ == 1) head_ = tail_;
-  }
   close_run();
-  return disjoint();
+  // The library's overlap rule (planner/spans.h).
+  return !writes_overlap(dst_spans_, src_spans_);
 }
 
 void OnePass::close_run_slow() {
@@ -182,36 +144,65 @@ void OnePass::close_run_slow() {
   run_len_ = 0;
 }
 
-// The library's overlap rule (planner/spans.h). The destination list stays sorted, and the hulls
-// are kept: the threaded checks compare shares with them.
-bool OnePass::disjoint() { return !writes_overlap(dst_spans_, src_spans_, &dst_hull_, &src_hull_); }
-
-void count_one_pass_call() { g_one_pass_calls.fetch_add(1, std::memory_order_relaxed); }
-
-CallResult one_pass_counts(int64_t runs, int64_t run_tensors, int64_t coalesced_bytes,
-                           const std::vector<OnePass::Group>& groups, int64_t empty, const Capability& cap) {
+CallResult OnePass::run(int64_t serial_moved_bytes) {
+  {
+    at::RecordFunction coalesced(at::RecordScope::FUNCTION), foreach(at::RecordScope::FUNCTION),
+        kernel(at::RecordScope::FUNCTION);
+    if (runs_ > 0 && coalesced.isActive()) coalesced.before("npu_dispatch::coalesced");
+    if (!groups_.empty() && foreach.isActive()) foreach.before("npu_dispatch::foreach");
+    if (kernel.isActive()) kernel.before("npu_dispatch::cpu_kernel");
+    batch_.run(serial_moved_bytes);
+  }
+  g_one_pass_calls.fetch_add(1, std::memory_order_relaxed);
   CallResult v;
   v.executed = true;
-  if (runs > 0) v.path(kCoalesced).add(run_tensors, coalesced_bytes, runs);
-  for (const auto& g : groups) v.path(kForeach).add(g.tensors, g.bytes, cap.launches(g.tensors));
-  v.path(kEmpty).tensors = empty;
+  if (runs_ > 0) v.path(kCoalesced).add(run_tensors_, coalesced_bytes_, runs_);
+  for (const auto& g : groups_) v.path(kForeach).add(g.tensors, g.bytes, cap_->launches(g.tensors));
+  v.path(kEmpty).tensors = empty_;
   return v;
 }
 
-KernelRanges::KernelRanges(bool coalesced, bool foreach) {
-  if (coalesced && coalesced_.isActive()) coalesced_.before("npu_dispatch::coalesced");
-  if (foreach && foreach_.isActive()) foreach_.before("npu_dispatch::foreach");
-  if (kernel_.isActive()) kernel_.before("npu_dispatch::cpu_kernel");
+OnePassCall::OnePassCall(size_t n) : n_(n) {
+  // The TensorImpl list, kept per calling thread from call to call (lists up to kKeptPairs
+  // pairs, while no other OnePassCall of this thread holds it: none is known to, warnings
+  // reach Python only after the call returns).
+  static thread_local std::vector<c10::TensorImpl*> kept;
+  static thread_local bool taken = false;
+  if (n <= kKeptPairs && !taken) {
+    taken = true;
+    taken_ = &taken;
+    impls_ = &kept;
+  } else {
+    impls_ = &own_impls_;
+  }
+  impls_->resize(2 * n);
 }
 
-CallResult OnePass::run(int64_t serial_moved_bytes) {
-  {
-    // One kernel pass serves both of the executor's paths.
-    KernelRanges ranges(runs_ > 0, !groups_.empty());
-    batch_.run(serial_moved_bytes);
+OnePassCall::~OnePassCall() {
+  if (taken_ != nullptr) *taken_ = false;
+}
+
+OnePassCall::Step OnePassCall::prepare(const CapabilityTable& caps, bool grad_check, int64_t max_held_bytes, bool bump,
+                                       int64_t serial_moved_bytes) {
+  bump_ = bump;
+  serial_moved_bytes_ = serial_moved_bytes;
+  c10::TensorImpl* const* d = impls_->data();
+  if (!one_pass_.prepare(d, d + n_, n_, caps, RuleContext::here(grad_check))) return Step::Refused;
+  if (one_pass_.bytes() > max_held_bytes) return Step::Prepared;
+  copy();
+  return Step::Copied;
+}
+
+void OnePassCall::copy() {
+  counts_ = one_pass_.run(serial_moved_bytes_);
+  if (!bump_) return;
+  // Each listed destination's bump, as stock's in-place op moves it (planner/classify.h
+  // stock_bumps_pair: inside inference mode, not a pair of two inference tensors).
+  c10::TensorImpl* const* d = impls_->data();
+  const bool in_inference = c10::InferenceMode::is_enabled();
+  for (size_t i = 0; i < n_; ++i) {
+    if (stock_bumps_pair(*d[i], *d[n_ + i], in_inference)) d[i]->bump_version();
   }
-  count_one_pass_call();
-  return one_pass_counts(runs_, run_tensors_, coalesced_bytes_, groups_, empty_, *cap_);
 }
 
 }  // namespace npu_dispatch

@@ -7,7 +7,6 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <ATen/record_function.h>
 
 #include <cstdint>
 #include <cstddef>
@@ -24,17 +23,6 @@ namespace npu_dispatch {
 // Calls the one-pass plan has run since load (tests check which way a call went).
 int64_t one_pass_calls();
 
-// A run of the one-pass plan: adjacent contiguous pairs of one dtype pair in one storage each (a single
-// pair is a run of one). The threaded checks join runs that meet at a share boundary.
-struct OnePassRun {
-  int64_t len = 0, bytes = 0;
-  uint16_t dtypes = 0;
-  uintptr_t dst = 0, src = 0, dst_end = 0, src_end = 0;
-  const c10::StorageImpl* dst_storage = nullptr;
-  const c10::StorageImpl* src_storage = nullptr;
-  size_t first_pair = 0;  // index in the lists
-};
-
 class OnePass {
  public:
   // Reads metadata only (a copy-on-write destination, which asking for its pointer would copy,
@@ -45,47 +33,19 @@ class OnePass {
   bool prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* srcs, size_t n,
                const CapabilityTable& caps, const RuleContext& rule);
   bool prepare(at::TensorList dsts, at::TensorList srcs, const CapabilityTable& caps);
-  // Back to a fresh one-pass plan, keeping the lists' storage (the threaded checks reuse its shares);
-  // `split_threads` as CpuCopyBatch::reset.
-  void reset(int64_t split_threads);
   // Destination bytes the kernel will write (decides whether the caller drops the GIL).
   int64_t bytes() const { return bytes_; }
+  // Copies every pair in one kernel pass (`serial_moved_bytes` as CpuCopyBatch::run), inside the
+  // executor's profiler ranges (planner/execute.cpp names them the same); returns the CallResult
+  // (planner/execute.h). No version counter moves here.
+  CallResult run(int64_t serial_moved_bytes = kSerialMovedBytes);
 
-  // For the threaded checks (planner/threaded_checks.cpp), which runs prepare() on pairs [first, first + n)
-  // of the lists on each thread. After a false prepare(): the pair it stopped at (index in the
-  // lists), or SIZE_MAX where every pair passed and the spans met.
-  size_t stopped_at() const { return stop_; }
-  void set_first_pair(size_t first) { first_pair_ = first; }
-  // Runs opened (0: every pair empty), the first and the last (the last as it stood when the
-  // pairs ended), and the counts of what prepare() built.
-  int64_t runs_opened() const { return runs_opened_; }
-  const OnePassRun& head() const { return head_; }
-  const OnePassRun& tail() const { return tail_; }
-  // Destination spans sorted by address, source spans in pair order, and the hull of each list
-  // (after a true prepare() with at least one non-empty pair).
-  using Span = npu_dispatch::Span;  // planner/spans.h
-  const std::vector<Span>& dst_spans() const { return dst_spans_; }
-  const std::vector<Span>& src_spans() const { return src_spans_; }
-  Span dst_hull() const { return dst_hull_; }
-  Span src_hull() const { return src_hull_; }
-  CpuCopyBatch& batch() { return batch_; }
-  const CpuCopyBatch& batch() const { return batch_; }
-  const Capability* capability() const { return cap_; }
-  int64_t empty_pairs() const { return empty_; }
-  int64_t coalesced_runs() const { return runs_; }
-  int64_t coalesced_tensors() const { return run_tensors_; }
-  int64_t coalesced_bytes() const { return coalesced_bytes_; }
+ private:
   // (dtype pair, tensors, bytes) of each group of singles.
   struct Group {
     uint16_t dtypes;  // dtype_pair()
     int64_t tensors, bytes;
   };
-  const std::vector<Group>& groups() const { return groups_; }
-  // Copies every pair in one kernel pass (`serial_moved_bytes` as CpuCopyBatch::run); returns
-  // the CallResult (planner/execute.h). No version counter moves here.
-  CallResult run(int64_t serial_moved_bytes = kSerialMovedBytes);
-
- private:
   // Ends the run being built. A single that joins the last group hit (the common case: one
   // dtype pair per list) stays inline; the rest is close_run_slow.
   void close_run() {
@@ -98,22 +58,10 @@ class OnePass {
     close_run_slow();
   }
   void close_run_slow();
-  bool disjoint();
-  // The run being built, as it stands.
-  OnePassRun current_run() const {
-    OnePassRun r = run_;
-    r.len = run_len_;
-    r.bytes = run_bytes_;
-    r.dtypes = run_dtypes_;
-    r.dst_end = dst_spans_.back().end;
-    r.src_end = src_spans_.back().end;
-    return r;
-  }
 
   const Capability* cap_ = nullptr;
   CpuCopyBatch batch_;
   std::vector<Span> dst_spans_, src_spans_;
-  Span dst_hull_{0, 0}, src_hull_{0, 0};
   std::vector<Group> groups_;
   size_t last_group_ = 0;
   // The run being built: adjacent contiguous pairs of one dtype pair in one storage each.
@@ -121,27 +69,51 @@ class OnePass {
   uint16_t run_dtypes_ = 0;  // dtype_pair(src, dst) of the run
   int64_t runs_ = 0, run_tensors_ = 0, coalesced_bytes_ = 0;
   int64_t empty_ = 0, bytes_ = 0;
-  size_t first_pair_ = 0, stop_ = SIZE_MAX;
-  int64_t runs_opened_ = 0;
-  OnePassRun run_, head_, tail_;  // run_: where the run being built starts
+  // The storages of the run being built (a run never crosses storages).
+  const c10::StorageImpl* run_dst_storage_ = nullptr;
+  const c10::StorageImpl* run_src_storage_ = nullptr;
 };
 
-// The executor's profiler ranges around one kernel pass (planner/execute.cpp names them the same):
-// coalesced runs, foreach groups, the kernel. Opened and closed on one thread.
-class KernelRanges {
+// One call of the one-pass plan by an entry that holds the pairs' TensorImpls
+// (binding/direct_entry.cpp, planner/copy_call.cpp plan_and_run): the TensorImpl list, the plan,
+// the copy and the version bumps stock's in-place op makes.
+class OnePassCall {
  public:
-  KernelRanges(bool coalesced, bool foreach);
+  // `n` > 0 pairs. Uses the calling thread's kept TensorImpl list where it can.
+  explicit OnePassCall(size_t n);
+  ~OnePassCall();
+  OnePassCall(const OnePassCall&) = delete;
+  OnePassCall& operator=(const OnePassCall&) = delete;
+
+  // 2n slots for the caller to fill: destinations, then sources. They must stay alive until
+  // the call is done.
+  c10::TensorImpl** impls() { return impls_->data(); }
+
+  enum class Step { Refused, Copied, Prepared };
+  // Refused: nothing written, the full planner decides. Copied: every pair copied, each
+  // destination's version counter moved as stock moves it (planner/classify.h stock_bumps_pair).
+  // Prepared: every pair passed and more than `max_held_bytes` bytes wait for copy() (the
+  // caller drops the GIL first). With `grad_check` (grad mode on, the dispatcher bypassed), a
+  // tensor that requires grad is refused. `bump` false: no counter moves (as below
+  // ADInplaceOrView). `serial_moved_bytes`: the copy stays on the calling thread up to that many
+  // bytes read plus written (CpuCopyBatch::run). Raises what OnePass::prepare raises, nothing
+  // written.
+  Step prepare(const CapabilityTable& caps, bool grad_check, int64_t max_held_bytes, bool bump = true,
+               int64_t serial_moved_bytes = kSerialMovedBytes);
+  // After Prepared: copies (and bumps, as prepare() was told).
+  void copy();
+  // After Copied, or Prepared and copy(): the CallResult (planner/execute.h).
+  const CallResult& counts() const { return counts_; }
 
  private:
-  at::RecordFunction coalesced_{at::RecordScope::FUNCTION};
-  at::RecordFunction foreach_{at::RecordScope::FUNCTION};
-  at::RecordFunction kernel_{at::RecordScope::FUNCTION};
+  size_t n_;
+  bool* taken_ = nullptr;
+  std::vector<c10::TensorImpl*> own_impls_;
+  std::vector<c10::TensorImpl*>* impls_ = nullptr;
+  OnePass one_pass_;
+  bool bump_ = true;
+  int64_t serial_moved_bytes_ = kSerialMovedBytes;
+  CallResult counts_;
 };
-
-// The CallResult (planner/execute.h) of a one-pass plan call (`groups` without empty ones), and the one-pass call
-// counter both passes move.
-CallResult one_pass_counts(int64_t runs, int64_t run_tensors, int64_t coalesced_bytes,
-                           const std::vector<OnePass::Group>& groups, int64_t empty, const Capability& cap);
-void count_one_pass_call();
 
 }  // namespace npu_dispatch

@@ -4,7 +4,7 @@
 
 namespace npu_dispatch {
 
-bool writes_overlap(std::vector<Span>& dsts, const std::vector<Span>& srcs, Span* dst_hull, Span* src_hull) {
+bool writes_overlap(std::vector<Span>& dsts, const std::vector<Span>& srcs) {
   if (dsts.empty()) return false;
   auto by_start = [](const Span& a, const Span& b) { return a.start < b.start; };
   if (!std::is_sorted(dsts.begin(), dsts.end(), by_start)) std::sort(dsts.begin(), dsts.end(), by_start);
@@ -21,31 +21,27 @@ bool writes_overlap(std::vector<Span>& dsts, const std::vector<Span>& srcs, Span
       sh.end = std::max(sh.end, s.end);
     }
   }
-  if (dst_hull != nullptr) *dst_hull = dh;
-  if (src_hull != nullptr) *src_hull = sh;
-  return meets(dsts, dh, srcs, sh);
-}
-
-bool meets(const std::vector<Span>& sorted, Span sorted_hull, const std::vector<Span>& spans, Span spans_hull) {
-  const uintptr_t lo = sorted_hull.start;
-  const uintptr_t hi = sorted_hull.end;
-  if (sorted.empty() || spans.empty() || spans_hull.end <= lo || spans_hull.start >= hi) return false;
+  // Whether a source meets a destination (sorted, pairwise disjoint, within the hull `dh`).
+  // Disjoint hulls answer without reading either list.
+  const uintptr_t lo = dh.start;
+  const uintptr_t hi = dh.end;
+  if (srcs.empty() || sh.end <= lo || sh.start >= hi) return false;
   // A cursor walks forward while the spans come in address order; a span before the last one
   // seeks it again by bisection.
   size_t k = 0;
   uintptr_t last = 0;
-  for (const auto& s : spans) {
-    // Spans outside the sorted ones' hull meet none (separate allocations made before or after
+  for (const auto& s : srcs) {
+    // Spans outside the destinations' hull meet none (separate allocations made before or after
     // the destinations usually lie outside it).
     if (s.start >= hi || s.end <= lo) continue;
     if (s.start < last) {
-      k = std::partition_point(sorted.begin(), sorted.end(), [&](const Span& x) { return x.end <= s.start; }) -
-          sorted.begin();
+      k = std::partition_point(dsts.begin(), dsts.end(), [&](const Span& x) { return x.end <= s.start; }) -
+          dsts.begin();
     } else {
-      while (k < sorted.size() && sorted[k].end <= s.start) ++k;
+      while (k < dsts.size() && dsts[k].end <= s.start) ++k;
     }
     last = s.start;
-    if (k < sorted.size() && sorted[k].start < s.end) return true;
+    if (k < dsts.size() && dsts[k].start < s.end) return true;
   }
   return false;
 }

@@ -28,13 +28,7 @@ inline bool spans_meet(Span a, Span b) { return a.start < b.end && b.start < a.e
 
 // Whether any destination span meets another destination span or any source span. Sorts `dsts`
 // by start (they usually arrive in address order, and the sort is then skipped); sources are read
-// in any order. Where given, `dst_hull` and `src_hull` receive each list's hull (the threaded
-// checks compare shares with them). Empty destinations: false.
-bool writes_overlap(std::vector<Span>& dsts, const std::vector<Span>& srcs, Span* dst_hull = nullptr,
-                    Span* src_hull = nullptr);
-
-// Whether any of `spans` (any order, within `spans_hull`) meets one of `sorted` (sorted by start,
-// pairwise disjoint, within `sorted_hull`). Disjoint hulls answer without reading either list.
-bool meets(const std::vector<Span>& sorted, Span sorted_hull, const std::vector<Span>& spans, Span spans_hull);
+// in any order. Empty destinations: false.
+bool writes_overlap(std::vector<Span>& dsts, const std::vector<Span>& srcs);
 
 }  // namespace npu_dispatch

@@ -29,10 +29,6 @@ constexpr int64_t kReleaseGilBytes = 2 * 1024 * 1024;
 // fresh one per call.
 constexpr size_t kKeptPairs = 4096;
 
-// Below this many pairs the threaded checks' parallel region (its start and barriers) costs more
-// than half of what splitting the per-pair checks saves.
-constexpr size_t kThreadedChecksPairs = 96;
-
 // Longest single memcpy: above a cache-size threshold glibc switches to its own non-temporal
 // path, slower than 64 KB calls; passes beyond the cache stream with cpu/stream_copy.h
 // instead.
