@@ -20,9 +20,12 @@ __all__ = ["decode_plan", "native_plan"]
 _OWN_OP = "the device's own _foreach_copy_ takes the whole call"
 
 
-def _stock_text(kind: str, a: int, b: int, detail: str, dsts, srcs, own_op: bool = False) -> str:
+def _stock_text(kind: str, a: int, b: int, detail: str, dsts, srcs, own_op: bool, no_fast_pair: bool) -> str:
     """Why the whole call is stock's; ``detail``: the side or variant of the reason C++ names
-    (csrc/binding/to_python.h); ``own_op``: a device whose own op takes it whole (planner/plan.h)."""
+    (csrc/binding/to_python.h); ``own_op``: a device whose own op takes it whole; ``no_fast_pair``:
+    because no pair has a fast path, ``kind`` the first fallback pair's reason (planner/plan.h)."""
+    if no_fast_pair:
+        return f"no pair has a fast path ({_fallback_text(kind, a, detail, dsts[a], srcs[a])}, the first): {_OWN_OP}"
     text = _stock_reason_text(kind, a, b, detail, dsts, srcs, own_op)
     if own_op and _OWN_OP not in text:
         text = f"{text}; {_OWN_OP}"
@@ -65,17 +68,11 @@ def _stock_reason_text(kind: str, a: int, b: int, detail: str, dsts, srcs, own_o
         caps = (capabilities.lookup(d.device.type), capabilities.lookup(s.device.type))
         cap = next((c for c in caps if c is not None and c.whole_list_only), None)
         return _whole_list_text(cap.name if cap is not None else d.device.type)
-    if kind in _FALLBACK_KINDS:
-        # No pair has a fast path, on a device whose own op batches: that op takes the call whole.
-        return f"no pair has a fast path ({_fallback_text(kind, a, detail, d, s)}, the first): {_OWN_OP}"
     if kind == "aliasing":
         later, earlier = detail.split("_over_")
         overlap = f"{later}[{b}] overlaps {earlier}[{a}]"
         return f"{overlap}; {_OWN_OP}" if own_op else f"{overlap}: kept as stock's sequential copy_ loop"
     return kind
-
-
-_FALLBACK_KINDS = frozenset({"broadcast", "device", "not_dense", "strides", "conj_neg", "dtype", "no_capability"})
 
 
 def _fallback_text(kind: str, i: int, detail: str, d: torch.Tensor, s: torch.Tensor) -> str:
@@ -107,8 +104,8 @@ def decode_plan(d: dict, dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tens
         # As in plan.py, pairs classified before the whole-stock decision stay listed.
         kind = d["stock"]
         plan.stock_reason = (kind, _stock_text(kind, d["stock_a"], d["stock_b"], d["stock_detail"], dsts, srcs,
-                                               own_op=d["stock_launches"] is not None))
-    plan.stock_launches = d["stock_launches"]
+                                               d["own_op"], d["no_fast_pair"]))
+    plan.launches = d["launches"]
     for idx, numel in d["runs"]:
         d0, s0 = dsts[idx[0]], srcs[idx[0]]
         plan.runs.append(Run(idx, numel, d0.device, s0.dtype, d0.dtype))

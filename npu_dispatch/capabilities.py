@@ -42,14 +42,9 @@ _ALL_DTYPES = frozenset(
 
 
 def _all_cross_pairs() -> frozenset:
-    # complex -> real is excluded: stock ``copy_`` warns per call there, and the flat copy would
-    # warn once per run instead.
-    return frozenset(
-        (s, d)
-        for s in _ALL_DTYPES
-        for d in _ALL_DTYPES
-        if s != d and not (s.is_complex and not d.is_complex)
-    )
+    # complex -> real never reaches the table: the rule keeps such a pair off the fast path first
+    # (csrc/planner/classify.h, dtype / complex_to_real).
+    return frozenset((s, d) for s in _ALL_DTYPES for d in _ALL_DTYPES if s != d)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,17 +87,6 @@ class Capability:
     host_pass: bool = False
     batched_transfers: bool = False
     batched_keeps_versions: bool = False
-
-    def supports(self, src_dtype: torch.dtype, dst_dtype: torch.dtype) -> bool:
-        if src_dtype == dst_dtype:
-            return src_dtype in self.dtypes
-        return (src_dtype, dst_dtype) in self.cross_pairs
-
-    def launches(self, n_tensors: int) -> int:
-        """Device launches the native kernel issues for a group of ``n_tensors`` pairs."""
-        if self.max_tensors_per_launch is None:
-            return n_tensors
-        return -(-n_tensors // self.max_tensors_per_launch)
 
 
 def _parse_cann(version: str | None) -> tuple[int, int, int]:

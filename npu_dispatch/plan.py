@@ -35,11 +35,10 @@ same device, strided, non-overlapping and dense, equal sizes, equal strides exce
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
 
 import torch
 
-__all__ = ["Plan", "Run", "Group", "check_lists"]
+__all__ = ["Plan", "Run", "Group", "Stage"]
 
 
 def _inference_text(i: int) -> str:
@@ -80,20 +79,6 @@ def _zero_dim_cast_text(i: int, sdt: torch.dtype, ddt: torch.dtype) -> str:
         f"pair {i} converts a 0-dim {_dt(sdt)} into {_dt(ddt)}: stock's bits for it depend on the "
         "copies before it, so the call runs as stock's sequential copy_ loop"
     )
-
-
-def check_lists(dsts: Sequence, srcs: Sequence) -> None:
-    """List-level checks of ATen ``check_foreach_api_restrictions``, with its exact messages.
-
-    Raises:
-        RuntimeError: an empty list, or lists of unequal length. Nothing is written.
-    """
-    if len(dsts) == 0 or len(srcs) == 0:
-        raise RuntimeError("Tensor list must have at least one tensor.")
-    if len(dsts) != len(srcs):
-        raise RuntimeError(
-            f"Tensor lists must have the same number of tensors, got {len(dsts)} and {len(srcs)}"
-        )
 
 
 @dataclasses.dataclass
@@ -155,16 +140,8 @@ class Plan:
     reasons: dict[int, tuple[str, str]] = dataclasses.field(default_factory=dict)
     stock_reason: tuple[str, str] | None = None
     fallback_launches: int = 0
-    # A whole-stock call on a device whose own op batches lists: the launches that op issues.
-    stock_launches: int | None = None
-
-    @property
-    def launches(self) -> int:
-        """Device launches the call issues (coalesced runs count one each)."""
-        if self.stock_reason is not None:
-            return self.n if self.stock_launches is None else self.stock_launches
-        return (len(self.runs) + sum(g.launches for g in self.groups) + sum(s.launches for s in self.stages)
-                + self.fallback_launches)
+    # Device launches the call issues, as the planner counts them (csrc/planner/plan.h).
+    launches: int = 0
 
     def __str__(self) -> str:
         lines = [f"plan for {self.n} pair(s): {self.launches} device launch(es)"]

@@ -532,7 +532,19 @@ def test_without_the_native_library_every_copy_is_stocks_and_counted_as_no_nativ
         assert stats["fallback_reasons"] == {"no_native": 1}, stats
         assert stats["ops"]["aten._foreach_copy_"]["fallback_calls"] == 1
         assert nd.global_stats().fallback_reasons["no_native"] == 1
-        assert nd.explain([x], [x]).stock_reason[0] == "no_native"
+        p = nd.explain([x, x], [x, x])
+        assert p.stock_reason[0] == "no_native" and p.launches == 2
+        for dsts, srcs in [([], []), ([x], [x, x])]:  # stock's list-level errors, word for word
+            try:
+                torch._foreach_copy_(dsts, srcs)
+            except RuntimeError as e:
+                want = str(e)
+            try:
+                nd.explain(dsts, srcs)
+            except RuntimeError as e:
+                assert str(e) == want, (str(e), want)
+            else:
+                raise AssertionError("explain did not raise")
         try:
             with nd.NpuFastCopyMode(strict=True):
                 torch._foreach_copy_([x], [torch.ones(4)])

@@ -189,6 +189,8 @@ def test_override_is_scoped_and_table_is_data():
     cap = Capability("test", frozenset({f32}), frozenset(), 7, "test")
     with override({"cpu": cap}):
         assert nd.capabilities.lookup("cpu") is cap
-        assert cap.launches(15) == 3
+        # The planner reads the table: 15 fp32 pairs at 7 a launch.
+        p = nd.explain([torch.zeros(2) for _ in range(15)], [torch.ones(2) for _ in range(15)])
+        assert [(len(g.indices), g.launches) for g in p.groups] == [(15, 3)] and p.launches == 3
     assert nd.capabilities.lookup("cpu").name == "cpu"
     assert nd.capabilities.table()["npu"].max_tensors_per_launch == 48

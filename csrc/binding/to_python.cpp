@@ -116,7 +116,9 @@ pyb::dict plan(const Plan& p) {
   d["stock_a"] = p.stock_a;
   d["stock_b"] = p.stock_b;
   d["stock_detail"] = detail(p.stock, p.stock_sub);
-  d["stock_launches"] = p.stock_launches >= 0 ? pyb::object(pyb::int_(p.stock_launches)) : pyb::none();
+  d["no_fast_pair"] = p.no_fast_pair;
+  d["own_op"] = p.own_op;
+  d["launches"] = p.launches();
   d["fallback_launches"] = p.fallback_launches;
   pyb::list runs, groups, stages, fallback;
   for (const Run& r : p.runs) runs.append(pyb::make_tuple(members(p.run_members, r.begin, r.end), r.numel));

@@ -181,13 +181,7 @@ std::optional<CallResult> copy_out(const at::Tensor& src, c10::IntArrayRef sizes
     return std::nullopt;
   }
   auto counts = copy_out_served(src, sizes, out, outer, total, inner, strict, why);
-  if (counts && bump) {
-    bool all_inference = rule.in_inference && inference_keyed(*src.unsafeGetTensorImpl());
-    for (int64_t i = 0; i < n && all_inference; ++i) all_inference = inference_keyed(*out[i].unsafeGetTensorImpl());
-    for (const auto& o : out) {
-      if (stock_bumps(*o.unsafeGetTensorImpl(), all_inference, rule.in_inference)) o.unsafeGetTensorImpl()->bump_version();
-    }
-  }
+  if (counts && bump) bump_as_stock(out, {src}, rule.in_inference);
   return counts;
 }
 
@@ -354,14 +348,7 @@ CallResult chunk_cat_served(at::TensorList tensors, int64_t pairs, const at::Ten
                             bool streamed, bool bump, const RuleContext& rule) {
   const auto out_bytes = static_cast<int64_t>(out.nbytes());
   count_pass(pairs, out_bytes, streamed ? out_bytes : 0);
-  if (bump) {
-    const c10::TensorImpl& o = *out.unsafeGetTensorImpl();
-    bool all_inference = rule.in_inference && inference_keyed(o);
-    for (size_t k = 0; k < tensors.size() && all_inference; ++k) {
-      all_inference = inference_keyed(*tensors[k].unsafeGetTensorImpl());
-    }
-    if (stock_bumps(o, all_inference, rule.in_inference)) out.unsafeGetTensorImpl()->bump_version();
-  }
+  if (bump) bump_as_stock({out}, tensors, rule.in_inference);
   CallResult v;
   v.executed = v.bumped = true;
   v.path(kForeach).add(pairs, static_cast<int64_t>(out.nbytes()), passes);

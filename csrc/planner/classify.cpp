@@ -20,6 +20,16 @@ Refusal fast_route_tensor(const c10::TensorImpl& t, bool written, const RuleCont
 }
 
 
+void bump_as_stock(at::TensorList written, at::TensorList read, bool in_inference) {
+  bool all_inference = in_inference;
+  for (const auto l : {read, written}) {
+    for (size_t k = 0; k < l.size() && all_inference; ++k) all_inference = inference_keyed(*l[k].unsafeGetTensorImpl());
+  }
+  for (const auto& t : written) {
+    if (stock_bumps(*t.unsafeGetTensorImpl(), all_inference, in_inference)) t.unsafeGetTensorImpl()->bump_version();
+  }
+}
+
 int64_t lazy_bit_dst(at::TensorList dsts) {
   for (size_t i = 0; i < dsts.size(); ++i) {
     const auto& d = dsts[i];

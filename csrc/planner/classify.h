@@ -139,6 +139,9 @@ inline bool stock_bumps_pair(const c10::TensorImpl& d, const c10::TensorImpl& s,
 inline bool stock_bumps_pair(const at::Tensor& d, const at::Tensor& s, bool in_inference) {
   return stock_bumps_pair(*d.unsafeGetTensorImpl(), *s.unsafeGetTensorImpl(), in_inference);
 }
+// The same for an out= op's call: moves each of `written`'s counters as stock's does, `read` the
+// call's other tensors.
+void bump_as_stock(at::TensorList written, at::TensorList read, bool in_inference);
 
 // Index of the first destination with a lazy conjugate or negative bit (stock's dispatcher
 // refuses such a mutable list before its kernel checks it), or -1.

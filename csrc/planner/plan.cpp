@@ -99,6 +99,7 @@ class Planner {
     transfer_groups();
     if (nothing_fast_on_batching_device()) {
       const auto f = plan_.fallback.front();
+      plan_.no_fast_pair = true;
       return stock(f.kind, f.index, f.sub);
     }
     plan_.fallback_launches = static_cast<int64_t>(plan_.fallback.size());
@@ -518,6 +519,14 @@ std::vector<uint8_t> stock_keeps_version(at::TensorList dsts, at::TensorList src
   std::vector<uint8_t> keep(dsts.size(), 0);
   for (size_t i = 0; i < keep.size(); ++i) keep[i] = r.of_pair[i] != DeviceBatch::PerTensor;
   return keep;
+}
+
+int64_t Plan::launches() const {
+  if (stock != Kind::None) return own_op ? stock_launches : n;
+  int64_t l = static_cast<int64_t>(runs.size()) + fallback_launches;
+  for (const Group& g : groups) l += g.launches;
+  for (const Stage& s : stages) l += s.launches;
+  return l;
 }
 
 Plan build_plan(at::TensorList dsts, at::TensorList srcs, const CapabilityTable& caps, bool non_blocking) {

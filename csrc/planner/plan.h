@@ -61,6 +61,13 @@ struct Plan {
   // call whole, issuing stock_launches launches.
   bool own_op = false;
   int64_t stock_launches = -1;
+  // A whole-stock plan because no pair has a fast path (that own op takes the call whole): `stock`
+  // is the first fallback pair's reason.
+  bool no_fast_pair = false;
+
+  // Device launches the call issues: a whole-stock call's (stock's op pair by pair, or the
+  // device's own op), else one per coalesced run plus each group's, stage's and fallback pair's.
+  int64_t launches() const;
 };
 
 
