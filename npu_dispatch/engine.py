@@ -328,19 +328,18 @@ def _serve_foreach_copy(mode, op, args, kwargs):
 
 
 def _serve_foreach_copy_functional(mode, op, args, kwargs):
-    # Functional variant (what functionalization emits): stock's outputs keep each destination's
-    # sizes and strides (contiguous where those overlap themselves, as clone does), and every
-    # element is overwritten, so an uninitialised allocation suffices (csrc/dispatch/intercept.cpp like()).
-    outs = [_like(d) for d in args[0]]
+    # Functional variant (what functionalization emits): fresh outputs laid out as stock lays them
+    # (csrc/planner/copy_call.h functional_output), then the in-place copy into them.
+    native = _native.module()
+    if native is None:
+        with inside():
+            outs = torch.ops.aten._foreach_copy.default(*args, **kwargs)
+        mode.stats.record_passthrough(op, "no_native", len(args[0]))
+        return outs
+    outs = native.functional_outputs(list(args[0]))
     foreach_copy(outs, args[1], _non_blocking(args, kwargs), stats=mode.stats, op=op,
                  strict=mode.strict, verify=mode.verify, bump=False)
     return outs
-
-
-def _like(d: torch.Tensor) -> torch.Tensor:
-    if d.is_contiguous() or torch._debug_has_internal_overlap(d) != 1:
-        return torch.empty_strided(d.shape, d.stride(), dtype=d.dtype, device=d.device)
-    return torch.empty(d.shape, dtype=d.dtype, device=d.device)
 
 
 def _serve_all_gather_copy_in(mode, op, args, kwargs):

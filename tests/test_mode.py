@@ -447,11 +447,19 @@ def test_fake_tensor_mode_below_or_above_works_like_stock():
             assert d[0].shape == (3,)
 
 
-def test_functional_copy_into_expanded_destination_matches_stock():
-    stock = torch.ops.aten._foreach_copy.default([torch.zeros(1).expand(3)], [torch.arange(3.0)])
-    with nd.NpuFastCopyMode():
-        ours = torch.ops.aten._foreach_copy.default([torch.zeros(1).expand(3)], [torch.arange(3.0)])
-    assert torch.equal(ours[0], stock[0]) and ours[0].stride() == stock[0].stride()
+@pytest.mark.parametrize("kwargs", [{}, {"strict": True}, {"verify": True}], ids=["mode", "strict", "verify"])
+def test_functional_copy_into_expanded_destination_matches_stock(kwargs):
+    # The interception kernel, and the debugging modes' Python handler, lay the outputs out as stock.
+    def dsts():
+        return [torch.zeros(1).expand(3), torch.zeros(2, 3).t()]
+
+    srcs = [torch.arange(3.0), torch.randn(2, 3).t()]
+    stock = torch.ops.aten._foreach_copy.default(dsts(), srcs)
+    with nd.NpuFastCopyMode(**kwargs) as mode:
+        ours = torch.ops.aten._foreach_copy.default(dsts(), srcs)
+    assert [(o.stride(), o._version) for o in ours] == [(s.stride(), s._version) for s in stock]
+    assert all(torch.equal(o, s) for o, s in zip(ours, stock))
+    assert mode.stats.fast_calls["aten._foreach_copy"] == 1, mode.stats.report()
 
 
 def test_parameters_take_the_fast_path():

@@ -532,6 +532,10 @@ def test_without_the_native_library_every_copy_is_stocks_and_counted_as_no_nativ
         assert stats["fallback_reasons"] == {"no_native": 1}, stats
         assert stats["ops"]["aten._foreach_copy_"]["fallback_calls"] == 1
         assert nd.global_stats().fallback_reasons["no_native"] == 1
+        with nd.NpuFastCopyMode() as fmode:  # the functional variant: stock's outputs
+            outs = torch.ops.aten._foreach_copy.default([torch.zeros(2, 3).t()], [torch.ones(3, 2)])
+        assert outs[0].stride() == (1, 3) and torch.equal(outs[0], torch.ones(3, 2))
+        assert fmode.stats.as_dict()["fallback_reasons"] == {"no_native": 1}, fmode.stats.as_dict()
         p = nd.explain([x, x], [x, x])
         assert p.stock_reason[0] == "no_native" and p.launches == 2
         for dsts, srcs in [([], []), ([x], [x, x])]:  # stock's list-level errors, word for word

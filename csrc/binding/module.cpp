@@ -79,6 +79,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(pyb::init<>())
       .def("__enter__", [](StockCallScope& s) { s.held.emplace(); })
       .def("__exit__", [](StockCallScope& s, const pyb::args&) { s.held.reset(); });
+  m.def("functional_outputs",
+        torch::wrap_pybind_function([](const Tensors& dsts) {
+          Tensors outs;
+          for (const auto& d : dsts) outs.push_back(functional_output(d));
+          return outs;
+        }),
+        "The outputs stock's functional _foreach_copy allocates for these destinations (planner/copy_call.h).");
   m.def("stock_bumps", torch::wrap_pybind_function([](const Tensors& dsts) { return stock_bumps(dsts); }),
         "Whether stock's _foreach_copy_ called here bumps the destinations.");
   m.def("plan", torch::wrap_pybind_function([](const Tensors& dsts, const Tensors& srcs) { return plan(plan_of(dsts, srcs)); }),

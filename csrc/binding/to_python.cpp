@@ -1,7 +1,5 @@
 #include "binding/to_python.h"
 
-#include <string>
-
 #include "planner/capability_table.h"
 
 namespace npu_dispatch::binding {
@@ -10,29 +8,6 @@ namespace {
 pyb::object kind_name(Kind k) {
   if (k == Kind::None) return pyb::none();
   return pyb::str(kKindNames[static_cast<int>(k)]);
-}
-
-// Which side or variant of its reason a planner's `sub` names (planner/plan.cpp sets them).
-std::string detail(Kind k, int8_t sub) {
-  static constexpr const char* kSide[] = {"dst", "src"};
-  switch (k) {
-    case Kind::Subclass:
-    case Kind::NoStorage:
-    case Kind::Layout:
-    case Kind::NotDense:
-      return kSide[sub == 0 ? 0 : 1];
-    case Kind::MayRaise: {
-      static constexpr const char* kWhy[] = {"no_broadcast", "internal_overlap", "odd_dtype", "inference",
-                                             "empty_write"};
-      return sub >= 0 && sub < 5 ? kWhy[sub] : "";
-    }
-    case Kind::Aliasing:  // bit 0: the earlier tensor is a destination; bit 1: the later one
-      return std::string(kSide[(sub & 2) ? 0 : 1]) + "_over_" + kSide[(sub & 1) ? 0 : 1];
-    case Kind::Dtype:
-      return sub == 0 ? "complex_to_real" : "unsupported";
-    default:
-      return "";
-  }
 }
 
 pyb::list members(const std::vector<int64_t>& v, int64_t b, int64_t e) {
@@ -115,7 +90,7 @@ pyb::dict plan(const Plan& p) {
   d["stock"] = kind_name(p.stock);
   d["stock_a"] = p.stock_a;
   d["stock_b"] = p.stock_b;
-  d["stock_detail"] = detail(p.stock, p.stock_sub);
+  d["stock_detail"] = sub_name(p.stock, p.stock_sub);
   d["no_fast_pair"] = p.no_fast_pair;
   d["own_op"] = p.own_op;
   d["launches"] = p.launches();
@@ -128,7 +103,7 @@ pyb::dict plan(const Plan& p) {
   for (const Stage& s : p.stages) {
     stages.append(pyb::make_tuple(members(p.stage_members, s.begin, s.end), s.numel, s.adjacent, s.launches));
   }
-  for (const Fallback& f : p.fallback) fallback.append(pyb::make_tuple(f.index, kind_name(f.kind), detail(f.kind, f.sub)));
+  for (const Fallback& f : p.fallback) fallback.append(pyb::make_tuple(f.index, kind_name(f.kind), sub_name(f.kind, f.sub)));
   d["runs"] = runs;
   d["groups"] = groups;
   d["stages"] = stages;

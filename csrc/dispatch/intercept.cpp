@@ -1,9 +1,6 @@
 #include "dispatch/intercept.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/empty_strided.h>
-#include <ATen/MemoryOverlap.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -68,15 +65,6 @@ void foreach_copy_(c10::DispatchKeySet ks, at::TensorList self, at::TensorList s
   s->stats->record(kOp, counts, now_ns() - t0);
 }
 
-// Stock's functional variant clones each destination (contiguous where it overlaps itself) and
-// copies into the clones; every element is overwritten, so an uninitialised allocation suffices.
-at::Tensor like(const at::Tensor& d) {
-  if (d.is_contiguous() || at::has_internal_overlap(d) != at::MemOverlap::Yes) {
-    return at::empty_strided(d.sizes(), d.strides(), d.options());
-  }
-  return at::empty(d.sizes(), d.options());
-}
-
 template <CountedOp kOp>
 std::vector<at::Tensor> foreach_copy(c10::DispatchKeySet ks, at::TensorList self, at::TensorList src,
                                      bool non_blocking) {
@@ -89,7 +77,7 @@ std::vector<at::Tensor> foreach_copy(c10::DispatchKeySet ks, at::TensorList self
   check_lists(self, src);  // before allocating, as stock
   std::vector<at::Tensor> outs;
   outs.reserve(self.size());
-  for (const auto& d : self) outs.push_back(like(d));
+  for (const auto& d : self) outs.push_back(functional_output(d));
   const auto counts = plan_and_run(outs, src, non_blocking, false, /*bump=*/false);
   s->stats->record(kOp, counts, now_ns() - t0);
   return outs;

@@ -10,6 +10,7 @@
 #include <c10/core/TensorImpl.h>
 
 #include <cstdint>
+#include <string>
 
 #include "planner/capability_table.h"
 
@@ -57,7 +58,31 @@ enum Sub : int8_t {
   kSubInference = 3,                     // may_raise: an inference destination outside inference mode
   kSubEmptyWrite = 4,                    // may_raise: an empty destination whose pointer is refused
   kSubComplexToReal = 0, kSubUnsupported = 1,  // dtype
+  kSubEarlierDst = 1, kSubLaterDst = 2,  // aliasing, bits: which of the two tensors is a destination
 };
+
+// The word for `sub` of a reason `k`, as explain() shows it (npu_dispatch/_native_plan.py).
+inline std::string sub_name(Kind k, int8_t sub) {
+  static constexpr const char* kSide[] = {"dst", "src"};
+  static constexpr const char* kMayRaise[] = {"no_broadcast", "internal_overlap", "odd_dtype", "inference",
+                                              "empty_write"};
+  static_assert(kSubEmptyWrite + 1 == sizeof(kMayRaise) / sizeof(kMayRaise[0]), "a word per may_raise sub");
+  switch (k) {
+    case Kind::Subclass:
+    case Kind::NoStorage:
+    case Kind::Layout:
+    case Kind::NotDense:
+      return kSide[sub == kSubDst ? 0 : 1];
+    case Kind::MayRaise:
+      return sub >= 0 && sub <= kSubEmptyWrite ? kMayRaise[sub] : "";
+    case Kind::Aliasing:  // "<later>_over_<earlier>"
+      return std::string(kSide[(sub & kSubLaterDst) ? 0 : 1]) + "_over_" + kSide[(sub & kSubEarlierDst) ? 0 : 1];
+    case Kind::Dtype:
+      return sub == kSubComplexToReal ? "complex_to_real" : "unsupported";
+    default:
+      return "";
+  }
+}
 
 // The thread state the rule reads, taken once on the calling thread (workers of a parallel region
 // do not carry InferenceMode or GradMode).

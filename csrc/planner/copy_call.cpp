@@ -1,7 +1,10 @@
 #include "planner/copy_call.h"
 
 #include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/ops/_foreach_copy.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
 #include <ATen/ops/narrow.h>
 #include <ATen/ops/split_with_sizes.h>
 #include <c10/core/GradMode.h>
@@ -113,6 +116,13 @@ std::tuple<at::Tensor, at::Tensor> all_gather_copy_in(at::TensorList inputs, con
     *counts = plan_and_run(dsts, inputs, false, false, stock_bumps({out}));
   }
   return {std::move(slice), out};
+}
+
+at::Tensor functional_output(const at::Tensor& d) {
+  if (d.is_contiguous() || at::has_internal_overlap(d) != at::MemOverlap::Yes) {
+    return at::empty_strided(d.sizes(), d.strides(), d.options());
+  }
+  return at::empty(d.sizes(), d.options());
 }
 
 Plan plan_of(at::TensorList dsts, at::TensorList srcs) {

@@ -36,6 +36,11 @@ std::tuple<at::Tensor, at::Tensor> all_gather_copy_in(at::TensorList inputs, con
                                                       c10::IntArrayRef sizes, int64_t numel, int64_t rank,
                                                       CallResult* counts);
 
+// The output stock's functional _foreach_copy allocates for destination `d`: a clone's layout
+// (d's sizes and strides, contiguous where d overlaps itself), uninitialised, as every element
+// is overwritten.
+at::Tensor functional_output(const at::Tensor& d);
+
 // The plan against the table in force, for explain(); nothing is written.
 Plan plan_of(at::TensorList dsts, at::TensorList srcs);
 

@@ -252,7 +252,7 @@ class Planner {
         plan_.stock = Kind::Aliasing;
         plan_.stock_a = hit->index;
         plan_.stock_b = iv.index;
-        plan_.stock_sub = static_cast<int8_t>((hit->is_dst ? 1 : 0) | (iv.is_dst ? 2 : 0));
+        plan_.stock_sub = static_cast<int8_t>((hit->is_dst ? kSubEarlierDst : 0) | (iv.is_dst ? kSubLaterDst : 0));
         mark_own_op();
         return true;
       }
