@@ -93,8 +93,7 @@ bool op_for(at::ScalarType s, at::ScalarType d, CopyOp* op) {
 // converts blocks of 8 in hardware and the rest with a scalar routine that turns every NaN into
 // 0x7fffffff; above GRAIN_SIZE elements it runs once per at::parallel_for chunk, so the scalar
 // tails sit at the end of each chunk. Reproduce exactly those chunks.
-// `threads`: the threads stock's copy_ would split over, read on the calling thread (a one-pass plan's
-// checks may run on a worker thread).
+// `threads`: the threads stock's copy_ would split over (CpuCopyBatch::caller_threads).
 void add_fbgemm_chunks(std::vector<WorkItem>* items, char* dst, const char* src, int64_t n, int64_t threads) {
   const int64_t grain = at::internal::GRAIN_SIZE;
   int64_t chunks = 1;

@@ -355,6 +355,82 @@ CallResult chunk_cat_served(at::TensorList tensors, int64_t pairs, const at::Ten
   return v;
 }
 
+// chunk_cat's pass over out: stock's checks for every input (chunk_call_refusal, scan_chunks,
+// chunk_refusal), then one kernel pass per input dtype. `mixed`: chunk_cat_mixed_dtype, whose
+// inputs may differ in dtype (upstream casts each to out's dtype first, through copy_); else
+// every input has t0's dtype (another is stock's to raise on: may_raise). `rule`: the calling
+// thread's state, with grad_check where stock's out= autograd kernel would raise.
+std::optional<CallResult> chunk_cat_pass(at::TensorList tensors, int64_t dim, int64_t num_chunks, const at::Tensor& out,
+                                         bool bump, Kind* why, const RuleContext& rule, bool mixed) {
+  *why = chunk_call_refusal(tensors, dim, num_chunks, out, rule);
+  if (*why != Kind::None) return std::nullopt;
+  *why = Kind::MayRaise;
+  const auto n = static_cast<int64_t>(tensors.size());
+  const auto out_dt = out.scalar_type();
+  ChunkCheck c = chunk_check(tensors[0], out, dim, num_chunks, rule);
+  std::optional<Kind> late = no_host_pass(c.device);
+  // One dtype: cat copies each input into a slice of out; where that slice is contiguous (one
+  // input, or one row of out), its cast is copy_'s (FBGEMM's split for fp16), not ATen's copy
+  // kernel's. Mixed: every cast is copy_'s.
+  const bool through_cat = !mixed && n > 1 && c.pre * num_chunks > 1;
+  std::vector<c10::ScalarType> dtypes;
+  std::vector<ChunkCatKernel> kernels;
+  bool cast_ok = true;
+  ChunkScan scan;  // out's part of the findings
+  scan.contiguous = out.is_contiguous();
+  std::vector<ChunkSource> sources(n);
+  int64_t in_bytes = 0;
+  // Runs of inputs of one dtype, each checked in one scan (not mixed: the whole list).
+  for (int64_t k0 = 0, k1 = 0; k0 < n && scan.refused == Kind::None; k0 = k1) {
+    const auto& t = tensors[k0];
+    if (!t.defined()) {  // past tensors[0], which chunk_call_refusal checked
+      scan.refused = Kind::MayRaise;
+      break;
+    }
+    const auto dt = t.scalar_type();
+    k1 = mixed ? k0 + 1 : n;
+    while (k1 < n && tensors[k1].defined() && tensors[k1].scalar_type() == dt) ++k1;
+    if (std::find(dtypes.begin(), dtypes.end(), dt) == dtypes.end()) {
+      dtypes.push_back(dt);
+      kernels.emplace_back();
+      cast_ok = cast_ok && widening_or_same(dt, out_dt);
+      if (!late && cast_ok && !kernels.back().init(dt, out_dt, through_cat)) late = Kind::Dtype;
+    }
+    c.meta = t.dtype();
+    c.elem = static_cast<int64_t>(t.dtype().itemsize());
+    const int64_t base = scan.width;
+    const ChunkScan run = scan_chunks(tensors, k0, k1, c, sources.data());
+    for (int64_t k = k0; k < k1 && base > 0; ++k) sources[k].offset += base;
+    in_bytes += run.in_numel * c.elem;
+    scan.add(run);
+  }
+  if (const auto refusal = chunk_refusal(scan, out, c, cast_ok, late)) {
+    *why = *refusal;
+    return std::nullopt;
+  }
+  // out's mutable pointer only once nothing refuses the call (it materializes a copy-on-write
+  // out, which stock leaves as it is where it raises).
+  char* const out_ptr = static_cast<char*>(out.data_ptr());
+  const int64_t out_numel = out.numel();
+  const int64_t moved = in_bytes + out_numel * static_cast<int64_t>(c10::elementSize(out_dt));
+  bool streamed = false;
+  {
+    RECORD_FUNCTION("npu_dispatch::cpu_kernel", std::vector<c10::IValue>());
+    for (size_t g = 0; g < dtypes.size(); ++g) {
+      ChunkCatLayout layout{out_ptr, c.pre, num_chunks, scan.width, dtypes[g], out_dt, {}};
+      if (dtypes.size() == 1) {
+        layout.sources = std::move(sources);
+      } else {
+        for (int64_t k = 0; k < n; ++k) {
+          if (tensors[k].scalar_type() == dtypes[g]) layout.sources.push_back(sources[k]);
+        }
+      }
+      streamed = kernels[g].pass(layout, out_numel, moved) > 0 || streamed;
+    }
+  }
+  return chunk_cat_served(tensors, scan.pairs, out, static_cast<int64_t>(dtypes.size()), streamed, bump, rule);
+}
+
 }  // namespace
 
 std::optional<CallResult> chunk_cat(at::TensorList tensors, int64_t dim, int64_t num_chunks,
@@ -362,112 +438,21 @@ std::optional<CallResult> chunk_cat(at::TensorList tensors, int64_t dim, int64_t
                                    bool autograd_check) {
   RECORD_FUNCTION("npu_dispatch::chunk_cat", std::vector<c10::IValue>());
   (void)strict;  // every call served is one kernel pass: nothing for strict to refuse
-  const auto n = static_cast<int64_t>(tensors.size());
   const RuleContext rule = RuleContext::here(autograd_check && c10::GradMode::is_enabled());
-  *why = chunk_call_refusal(tensors, dim, num_chunks, out, rule);
-  if (*why != Kind::None) return std::nullopt;
-  *why = Kind::MayRaise;
-  const auto& t0 = tensors[0];
-  const auto in_dt = t0.scalar_type(), out_dt = out.scalar_type();
-  const ChunkCheck c = chunk_check(t0, out, dim, num_chunks, rule);
-  const bool cast_ok = widening_or_same(in_dt, out_dt);
-  ChunkCatKernel kernel;
-  std::optional<Kind> late = no_host_pass(c.device);
-  // cat copies each input into a slice of out; where that slice is contiguous (one input, or one
-  // row of out), its cast is copy_'s (FBGEMM's split for fp16), not ATen's copy kernel's.
-  const bool strided_slices = n > 1 && c.pre * num_chunks > 1;
-  if (!late && !kernel.init(in_dt, out_dt, /*through_cat=*/strided_slices)) late = Kind::Dtype;
-  ChunkScan scan;  // out's part of the findings
-  scan.contiguous = out.is_contiguous();
-  ChunkCatLayout layout{nullptr, c.pre, num_chunks, 0, in_dt, out_dt, std::vector<ChunkSource>(n)};
-  ChunkSource* const sources = layout.sources.data();
-  const int64_t out_numel = out.numel();
-  const int64_t oes = static_cast<int64_t>(c10::elementSize(out_dt));
-  scan.add(scan_chunks(tensors, 0, n, c, sources));
-  layout.width = scan.width;
-  if (const auto refusal = chunk_refusal(scan, out, c, cast_ok, late)) {
-    *why = *refusal;
-    return std::nullopt;
-  }
-  // out's mutable pointer only once nothing refuses the call (it materializes a copy-on-write
-  // out, which stock leaves as it is where it raises).
-  layout.out = static_cast<char*>(out.data_ptr());
-  bool streamed = false;
-  {
-    RECORD_FUNCTION("npu_dispatch::cpu_kernel", std::vector<c10::IValue>());
-    streamed = kernel.pass(layout, out_numel, scan.in_numel * c.elem + out_numel * oes) > 0;
-  }
-  return chunk_cat_served(tensors, scan.pairs, out, 1, streamed, bump, rule);
+  return chunk_cat_pass(tensors, dim, num_chunks, out, bump, why, rule, /*mixed=*/false);
 }
-}  // namespace npu_dispatch
-
-namespace npu_dispatch {
 
 std::optional<CallResult> chunk_cat_mixed(at::TensorList tensors, int64_t dim, int64_t num_chunks,
                                          const at::Tensor& out, bool strict, bool bump, Kind* why) {
   RECORD_FUNCTION("npu_dispatch::chunk_cat_mixed_dtype", std::vector<c10::IValue>());
   *why = Kind::MayRaise;
-  const auto n = static_cast<int64_t>(tensors.size());
-  if (n == 0 || !tensors[0].defined()) return std::nullopt;
+  if (tensors.empty() || !tensors[0].defined()) return std::nullopt;
   bool mixed = false;
   for (const auto& t : tensors) mixed = mixed || !t.defined() || t.scalar_type() != tensors[0].scalar_type();
-  // One dtype: upstream's kernel is _chunk_cat.out itself.
-  if (!mixed) {
-    return chunk_cat(tensors, dim, num_chunks, out, strict, bump, why, /*autograd_check=*/false);
-  }
-  // Upstream's op runs below autograd (it has no autograd kernel): no out= autograd check.
-  const RuleContext rule = RuleContext::here();
-  *why = chunk_call_refusal(tensors, dim, num_chunks, out, rule);
-  if (*why != Kind::None) return std::nullopt;
-  *why = Kind::MayRaise;
-  const auto out_dt = out.scalar_type();
-  // Upstream casts each input to out's dtype, then runs _chunk_cat.out.
-  ChunkCheck c = chunk_check(tensors[0], out, dim, num_chunks, rule);
-  std::optional<Kind> late = no_host_pass(c.device);
-  // One pass per input dtype, each writing its inputs' regions of every out row (the kernel
-  // upstream runs once per input dtype on CUDA too); each a byte copy or a widening cast.
-  std::vector<c10::ScalarType> dtypes;
-  std::vector<ChunkCatKernel> kernels;
-  bool cast_ok = true;
-  ChunkScan scan;
-  scan.contiguous = out.is_contiguous();
-  std::vector<ChunkSource> sources(n);
-  for (int64_t k = 0; k < n && scan.refused == Kind::None; ++k) {
-    const auto& t = tensors[k];
-    if (!t.defined()) {
-      scan.refused = Kind::MayRaise;
-      break;
-    }
-    const auto dt = t.scalar_type();
-    if (std::find(dtypes.begin(), dtypes.end(), dt) == dtypes.end()) {
-      dtypes.push_back(dt);
-      kernels.emplace_back();
-      cast_ok = cast_ok && widening_or_same(dt, out_dt);
-      if (!late && cast_ok && !kernels.back().init(dt, out_dt, /*through_cat=*/false)) late = Kind::Dtype;
-    }
-    c.meta = t.dtype();
-    c.elem = static_cast<int64_t>(t.dtype().itemsize());
-    ChunkScan one = scan_chunks(tensors, k, k + 1, c, sources.data());
-    sources[k].offset += scan.width;
-    scan.add(one);
-  }
-  if (const auto refusal = chunk_refusal(scan, out, c, cast_ok, late)) {
-    *why = *refusal;
-    return std::nullopt;
-  }
-  const int64_t out_numel = out.numel();
-  const int64_t oes = static_cast<int64_t>(c10::elementSize(out_dt));
-  char* const out_ptr = static_cast<char*>(out.data_ptr());
-  const int64_t moved = scan.in_numel * oes + out_numel * oes;  // an upper bound of the bytes read
-  bool streamed = false;
-  for (size_t g = 0; g < dtypes.size(); ++g) {
-    ChunkCatLayout layout{out_ptr, c.pre, num_chunks, scan.width, dtypes[g], out_dt, {}};
-    for (int64_t k = 0; k < n; ++k) {
-      if (tensors[k].scalar_type() == dtypes[g]) layout.sources.push_back(sources[k]);
-    }
-    streamed = kernels[g].pass(layout, out_numel, moved) > 0 || streamed;
-  }
-  return chunk_cat_served(tensors, scan.pairs, out, static_cast<int64_t>(dtypes.size()), streamed, bump, rule);
+  // One dtype: upstream's kernel is _chunk_cat.out itself. Mixed: upstream's op runs below
+  // autograd (it has no autograd kernel), so no out= autograd check.
+  if (!mixed) return chunk_cat(tensors, dim, num_chunks, out, strict, bump, why, /*autograd_check=*/false);
+  return chunk_cat_pass(tensors, dim, num_chunks, out, bump, why, RuleContext::here(), /*mixed=*/true);
 }
 
 namespace {
