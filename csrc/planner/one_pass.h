@@ -26,13 +26,11 @@ int64_t one_pass_calls();
 class OnePass {
  public:
   // Reads metadata only (a copy-on-write destination, which asking for its pointer would copy,
-  // is refused).
-  // Returns false when the call needs the full planner. `n` > 0 pairs. `rule`: the calling
+  // is refused). Returns false when the call needs the full planner. `n` > 0 pairs. `rule`: the calling
   // thread's state the rule reads (planner/classify.h; with grad_check, a tensor that requires
   // grad is refused: the dispatcher's Autograd kernel must see the call).
   bool prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* srcs, size_t n,
                const CapabilityTable& caps, const RuleContext& rule);
-  bool prepare(at::TensorList dsts, at::TensorList srcs, const CapabilityTable& caps);
   // Destination bytes the kernel will write (decides whether the caller drops the GIL).
   int64_t bytes() const { return bytes_; }
   // Copies every pair in one kernel pass (`serial_moved_bytes` as CpuCopyBatch::run), inside the
