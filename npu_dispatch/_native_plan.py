@@ -22,7 +22,7 @@ _OWN_OP = "the device's own _foreach_copy_ takes the whole call"
 
 def _stock_text(kind: str, a: int, b: int, detail: str, dsts, srcs, own_op: bool, no_fast_pair: bool) -> str:
     """Why the whole call is stock's; ``detail``: the side or variant of the reason C++ names
-    (csrc/binding/to_python.h); ``own_op``: a device whose own op takes it whole; ``no_fast_pair``:
+    (csrc/planner/classify.h sub_name); ``own_op``: a device whose own op takes it whole; ``no_fast_pair``:
     because no pair has a fast path, ``kind`` the first fallback pair's reason (planner/plan.h)."""
     if no_fast_pair:
         return f"no pair has a fast path ({_fallback_text(kind, a, detail, dsts[a], srcs[a])}, the first): {_OWN_OP}"

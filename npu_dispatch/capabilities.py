@@ -54,7 +54,9 @@ class Capability:
     Attributes:
         name: device type the rules come from, used in fallback reasons ("npu", "cuda", "cpu").
         dtypes: source dtypes the kernel takes for same-dtype copies.
-        cross_pairs: ``(src_dtype, dst_dtype)`` pairs the kernel converts natively.
+        cross_pairs: ``(src_dtype, dst_dtype)`` pairs the kernel converts natively. A complex ->
+            real pair stays off the fast path whatever the table lists (the rule,
+            csrc/planner/classify.h: stock warns per copy there).
         max_tensors_per_launch: tensor pairs one launch can carry; ``None`` means one launch per
             tensor (a host loop, as on CPU).
         source: where the rules come from, shown by ``doctor``.

@@ -329,14 +329,9 @@ def _serve_foreach_copy(mode, op, args, kwargs):
 
 def _serve_foreach_copy_functional(mode, op, args, kwargs):
     # Functional variant (what functionalization emits): fresh outputs laid out as stock lays them
-    # (csrc/planner/copy_call.h functional_output), then the in-place copy into them.
-    native = _native.module()
-    if native is None:
-        with inside():
-            outs = torch.ops.aten._foreach_copy.default(*args, **kwargs)
-        mode.stats.record_passthrough(op, "no_native", len(args[0]))
-        return outs
-    outs = native.functional_outputs(list(args[0]))
+    # (csrc/planner/copy_call.h functional_output), then the in-place copy into them. The
+    # debugging modes run only with the native library (mode.py).
+    outs = _native.module().functional_outputs(list(args[0]))
     foreach_copy(outs, args[1], _non_blocking(args, kwargs), stats=mode.stats, op=op,
                  strict=mode.strict, verify=mode.verify, bump=False)
     return outs

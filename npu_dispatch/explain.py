@@ -5,7 +5,7 @@ from typing import Sequence
 
 import torch
 
-from . import _native
+from . import _native, engine
 from ._native_plan import native_plan
 from .plan import Plan
 
@@ -33,9 +33,11 @@ def explain(self: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> Plan:
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"explain(): {name}[{i}] is a {type(t).__name__}, not a Tensor")
     if _native.planned_op() is None:
-        # Stock's list-level checks, on empty meta stand-ins: nothing is read or written.
+        # Stock's list-level checks, on empty meta stand-ins: nothing is read or written, and no
+        # mode or counter sees the call (engine.inside: the library's own stock call).
         meta = torch.empty(0, device="meta")
-        torch._foreach_copy_([meta] * len(self), [meta] * len(src))
+        with engine.inside(), torch._C._DisableTorchDispatch():
+            torch._foreach_copy_([meta] * len(self), [meta] * len(src))
         plan = Plan(len(self), launches=len(self))
         plan.stock_reason = ("no_native", f"the native library is unavailable ({_native.status()[1]})")
         return plan

@@ -354,8 +354,8 @@ def run(case: Case, fn, draws: Draws | None = None) -> dict:
 
 def mode_paths(make, *, direct: bool = False) -> tuple[dict, dict]:
     """(paths, fallback reasons) of ``NpuFastCopyMode``'s stats for one
-    ``torch._foreach_copy_(*make())`` (``direct``: ``npu_dispatch.foreach_copy_``, whose one-pass plan
-    is sharded across threads for long lists). A call that raises counts what it did before
+    ``torch._foreach_copy_(*make())`` (``direct``: ``npu_dispatch.foreach_copy_``, its direct entry's
+    one-pass plan). A call that raises counts what it did before
     raising."""
     mode = nd.NpuFastCopyMode()
     with mode:

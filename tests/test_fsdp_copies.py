@@ -707,6 +707,31 @@ def test_a_mixed_dtype_chunk_cat_counts_one_kernel_pass_over_out():
 
 
 @pytest.mark.skipif(not _has_mixed_dtype_chunk_cat(), reason="fsdp::chunk_cat_mixed_dtype is torch 2.15's")
+@pytest.mark.parametrize("order", ["bbffbf", "ffbbbb", "bffffb"])
+@pytest.mark.parametrize("num_chunks", [2, 3])
+def test_mixed_dtype_runs_of_one_dtype_land_where_stock_puts_them(order, num_chunks):
+    # Consecutive inputs of one dtype are checked as one run; each lands at its own offset of
+    # every out row, with stock's bits (NaN payloads, -0.0 included).
+    gen = torch.Generator().manual_seed(len(order) * num_chunks)
+    tensors = []
+    for k, c in enumerate(order):
+        t = torch.randn(5 + 3 * k, 2, generator=gen)
+        t.view(-1)[::7] = float("nan")
+        t.view(-1)[1::11] = -0.0
+        tensors.append(t.bfloat16() if c == "b" else t)
+    width = sum(-(-t.shape[0] // num_chunks) * 2 for t in tensors)
+    want = torch.full((num_chunks, width), 7.0)
+    torch.ops.fsdp.chunk_cat_mixed_dtype(tensors, 0, num_chunks, out=want)
+    got = torch.full((num_chunks, width), 7.0)
+    before = _native.info()
+    with nd.NpuFastCopyMode() as mode:
+        torch.ops.fsdp.chunk_cat_mixed_dtype(tensors, 0, num_chunks, out=got)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    assert mode.stats.fast_path_calls == 1, mode.stats.report()
+    assert _native.info()["kernel_passes"] - before["kernel_passes"] == 1
+
+
+@pytest.mark.skipif(not _has_mixed_dtype_chunk_cat(), reason="fsdp::chunk_cat_mixed_dtype is torch 2.15's")
 def test_a_refused_mixed_dtype_chunk_cat_under_verify_counts_once_in_the_inner_mode():
     # verify's reference and the refused call's stock op are both fsdp::chunk_cat_mixed_dtype, an
     # owned op: the default mode outside counts neither.

@@ -532,7 +532,10 @@ def test_without_the_native_library_every_copy_is_stocks_and_counted_as_no_nativ
         assert stats["fallback_reasons"] == {"no_native": 1}, stats
         assert stats["ops"]["aten._foreach_copy_"]["fallback_calls"] == 1
         assert nd.global_stats().fallback_reasons["no_native"] == 1
-        with nd.NpuFastCopyMode() as fmode:  # the functional variant: stock's outputs
+        with nd.NpuFastCopyMode(strict=True) as smode:  # explain runs nothing a mode or counter sees
+            assert nd.explain([x], [x]).stock_reason[0] == "no_native"
+        assert smode.stats.as_dict()["ops"] == {}, smode.stats.as_dict()
+        with nd.NpuFastCopyMode() as fmode:  # the functional variant: stock's outputs, counted
             outs = torch.ops.aten._foreach_copy.default([torch.zeros(2, 3).t()], [torch.ones(3, 2)])
         assert outs[0].stride() == (1, 3) and torch.equal(outs[0], torch.ones(3, 2))
         assert fmode.stats.as_dict()["fallback_reasons"] == {"no_native": 1}, fmode.stats.as_dict()

@@ -90,7 +90,6 @@ INFERENCE = {
     "inference_src": lambda: ([torch.zeros(4), torch.zeros(3)], [_inference_src(), torch.ones(3)]),
     "inside_inference_dst": lambda: ([torch.zeros(4), torch.zeros(5)], [torch.ones(4), torch.full((5,), -0.0)]),
     "inside_normal_dst_inference_src": lambda: ([_normal_zeros(4)], [torch.ones(4)]),
-    "inside_inference_dsts_long": lambda: ([torch.zeros(16) for _ in range(200)], [torch.ones(16) for _ in range(200)]),
 }
 
 
@@ -533,9 +532,10 @@ def test_a_forbidden_write_late_in_a_long_list_raises_with_nothing_written():
     assert all(d._version == 0 and not d.any() for k, d in enumerate(dsts) if k != 150)
 
 
-def test_the_profiler_sees_the_kernel_ranges():
-    base_d, base_s = torch.zeros(800), torch.randn(800)
-    dsts, srcs = list(base_d.split(4)), list(base_s.split(4))
+@pytest.mark.parametrize("numel", [4, 20_000], ids=["copied_at_once", "above_the_gil_threshold"])
+def test_the_profiler_sees_the_kernel_ranges(numel):
+    base_d, base_s = torch.zeros(200 * numel), torch.randn(200 * numel)
+    dsts, srcs = list(base_d.split(numel)), list(base_s.split(numel))
     before = one_pass_calls()
     with torch.profiler.profile() as prof:
         nd.foreach_copy_(dsts, srcs)

@@ -476,7 +476,9 @@ CallResult copy_out_or_stock(const at::Tensor& src, c10::IntArrayRef sizes, int6
       [&](Kind* why) { return copy_out(src, sizes, dim, out, strict, bump, why); },
       [&] {
         at::split_with_sizes_copy_out(out, src, sizes, dim);
-        if (bump && !bumps_here()) {  // stock's out= op called from the caller's level bumps
+        // Stock's out= op called from the caller's level bumps each out (bump_version raises
+        // stock's error for an inference tensor outside inference mode).
+        if (bump && !bumps_here()) {
           for (const auto& o : out) o.unsafeGetTensorImpl()->bump_version();
         }
         return total_bytes(out);

@@ -96,7 +96,7 @@ class Executor {
       }
       int64_t bytes = 0;
       for (const auto& d : dsts_) bytes += dst_bytes(d);
-      v_.path(kStock).add(p_.n, bytes, p_.stock_launches);
+      v_.path(kStock).add(p_.n, bytes, p_.launches());
       v_.reason(p_.stock) += p_.n;
       return;
     }
@@ -126,7 +126,7 @@ class Executor {
     }
     int64_t bytes = 0;
     for (const auto& d : dsts_) bytes += dst_bytes(d);
-    v_.path(kStock).add(p_.n, bytes, p_.n);
+    v_.path(kStock).add(p_.n, bytes, p_.launches());
     v_.reason(p_.stock) += p_.n;
   }
 

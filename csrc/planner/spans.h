@@ -1,8 +1,10 @@
 // The one overlap rule of the library: a copy may run on the fast path only where no destination's
 // bytes meet another destination's or any source's (sources may share memory with each other: they
 // are only read). Stock's _foreach_copy_ copies pair by pair, so an overlap makes its result depend
-// on the order; the planner (planner/plan.cpp), the one-pass plan (planner/one_pass.cpp) and the
-// FSDP copies (fsdp/copies.cpp) all ask writes_overlap().
+// on the order. The planner (planner/plan.cpp), the one-pass plan (planner/one_pass.cpp) and the
+// copy-out (fsdp/copies.cpp) ask writes_overlap(); chunk_cat, with one destination, asks
+// spans_meet() of each input. The planner's sweep (first_overlap) only names the pair stock
+// meets first, once writes_overlap() has found one (on one device).
 #pragma once
 
 #include <ATen/core/Tensor.h>
