@@ -162,7 +162,7 @@ def _load(verbose: bool = False) -> None:
     capabilities.set_default("cpu", dataclasses.replace(
         cpu, max_tensors_per_launch=1 << 30, host_pass=True, source="npu_dispatch multi-tensor CPU kernel (csrc/)"))
     _module = module
-    _stats.set_paths(_names["paths"], _names["fast_paths"], _names["off_fast_paths"])
+    _stats.set_paths(_names["paths"])
     capabilities.on_change(push_capabilities)
     push_capabilities()
     _stats.add_drain(_drain_into)

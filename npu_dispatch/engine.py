@@ -123,15 +123,14 @@ def foreach_copy(
         return
     start = time.perf_counter()
     if verify:
-        counts, reasons = _native_verify(planned, dsts, srcs, non_blocking, op, strict, bump)
+        r = _native_verify(planned, dsts, srcs, non_blocking, op, strict, bump)
     else:
         # One C++ call: checks, plan, copies (below ADInplaceOrView) and the version bumps.
         with inside():
             r = planned(dsts, srcs, non_blocking, strict, bump)
         if r.blocked:
             raise _strict_error(op, native_plan(dsts, srcs))
-        counts, reasons = r.paths, r.reasons
-    stats.record_counts(op, counts, reasons, time.perf_counter() - start)
+    stats.record_counts(op, r.paths, r.reasons, time.perf_counter() - start, r.fast, r.fallback)
 
 
 def _strict_error(op: str, p: Plan) -> FastCopyFallbackError:
@@ -139,7 +138,7 @@ def _strict_error(op: str, p: Plan) -> FastCopyFallbackError:
     return FastCopyFallbackError(f"npu_dispatch strict: {op} falls back: {why}")
 
 
-def _native_verify(planned, dsts, srcs, non_blocking, op, strict, bump) -> tuple[dict, dict]:
+def _native_verify(planned, dsts, srcs, non_blocking, op, strict, bump):
     # Debugging aid: plan first (the lists' errors are stock's) to know whether stock runs the
     # whole call, where there is nothing to compare.
     p = native_plan(list(dsts), list(srcs))
@@ -159,7 +158,7 @@ def _native_verify(planned, dsts, srcs, non_blocking, op, strict, bump) -> tuple
             _verify(p, dsts, srcs, non_blocking, run)
         else:
             run()
-    return v.paths, v.reasons
+    return v
 
 
 def all_gather_copy_in(
@@ -207,7 +206,7 @@ def _reason_text(reasons: dict) -> str:
 def _checked(op: str, r, stats: CopyStats, start: float) -> None:
     if r.blocked:
         raise FastCopyFallbackError(f"npu_dispatch strict: {op} falls back: {_reason_text(r.reasons)}")
-    stats.record_counts(op, r.paths, r.reasons, time.perf_counter() - start)
+    stats.record_counts(op, r.paths, r.reasons, time.perf_counter() - start, r.fast, r.fallback)
 
 
 def _compare(op: str, got: Sequence[torch.Tensor], want: Sequence[torch.Tensor]) -> None:

@@ -14,15 +14,13 @@ __all__ = ["CopyStats", "paths", "global_stats", "add_drain"]
 # "empty" (zero-element pairs), "staged" (cross-dtype pairs through scratch memory). Without it,
 # every call is handed to stock whole: "stock" is then the only path.
 _order: tuple | None = None  # None: not asked for yet
-_fast: frozenset = frozenset()
-_off: frozenset = frozenset({"stock"})
 _source = None  # set by _native: loads the library, which calls set_paths
 
 
-def set_paths(order, fast, off) -> None:
-    """The C++ core's paths (report order), fast paths and paths off the fast path."""
-    global _order, _fast, _off
-    _order, _fast, _off = tuple(order), frozenset(fast), frozenset(off)
+def set_paths(order) -> None:
+    """The C++ core's paths, in report order."""
+    global _order
+    _order = tuple(order)
 
 
 def set_path_source(load) -> None:
@@ -97,9 +95,10 @@ class CopyStats:
             o = self._ops[op] = _Op()
         return o
 
-    def record_counts(self, op: str, counts: dict, reasons: dict, seconds: float) -> None:
+    def record_counts(self, op: str, counts: dict, reasons: dict, seconds: float, fast: bool, fallback: bool) -> None:
         """Add one executed call. ``counts`` maps path -> (pairs, bytes, launches); ``reasons``
-        maps reason -> pairs that left the fast path for it."""
+        maps reason -> pairs that left the fast path for it; ``fast`` / ``fallback``: whether
+        some pair took a fast path / left it (the C++ core's ``CallResult``, csrc/planner/execute.h)."""
         with self._lock:
             o = self._op(op)
             o.calls += 1
@@ -110,10 +109,8 @@ class CopyStats:
                 row[1] += pairs
                 row[2] += nbytes
                 row[3] += launches
-            if _fast.intersection(counts):
-                o.fast_calls += 1
-            if _off.intersection(counts):
-                o.fallback_calls += 1
+            o.fast_calls += fast
+            o.fallback_calls += fallback
             for kind, pairs in reasons.items():
                 row = o.fallbacks.setdefault(kind, [0, 0])
                 row[0] += pairs
@@ -121,7 +118,7 @@ class CopyStats:
 
     def record_passthrough(self, op: str, kind: str, pairs: int) -> None:
         """A call handed to the stock op whole before planning (``no_native``, ``schema``...)."""
-        self.record_counts(op, {"stock": (pairs, 0, pairs)}, {kind: pairs}, 0.0)
+        self.record_counts(op, {"stock": (pairs, 0, pairs)}, {kind: pairs}, 0.0, fast=False, fallback=True)
 
     def add_totals(self, op: str, calls: int, fast_calls: int, fallback_calls: int, seconds: float,
                    paths: dict, fallbacks: dict) -> None:

@@ -31,6 +31,8 @@ void bind_types(pyb::module_& m) {
       .def_readonly("executed", &CallResult::executed)
       .def_readonly("blocked", &CallResult::blocked)
       .def_readonly("bumped", &CallResult::bumped)
+      .def_property_readonly("fast", &CallResult::fast)
+      .def_property_readonly("fallback", &CallResult::fallback)
       .def_property_readonly("paths",
                              [](const CallResult& r) {
                                pyb::dict d;

@@ -13,17 +13,14 @@ OpStats& direct_stats() {
 void OpTotals::add(const CallResult& r, int64_t ns) {
   calls += 1;
   nanoseconds += ns;
-  bool fast = false, off = false;
   for (int p = 0; p < kNumPaths; ++p) {
     const PathCounts& c = r.paths[p];
     if (c.tensors == 0) continue;
-    fast = fast || kFastPath[p];
-    off = off || kOffFastPath[p];
     paths[p].calls += 1;
     paths[p].counts.add(c.tensors, c.bytes, c.launches);
   }
-  fast_calls += fast ? 1 : 0;
-  fallback_calls += off ? 1 : 0;
+  fast_calls += r.fast() ? 1 : 0;
+  fallback_calls += r.fallback() ? 1 : 0;
   for (int k = 0; k < kNumKinds; ++k) {
     reasons[k].pairs += r.reasons[k];
     reasons[k].calls += r.reasons[k] != 0 ? 1 : 0;

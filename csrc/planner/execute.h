@@ -40,6 +40,18 @@ struct CallResult {
   std::array<int64_t, kNumKinds> reasons{};  // per reason: the pairs that left the fast path for it
   PathCounts& path(Path p) { return paths[p]; }
   int64_t& reason(Kind k) { return reasons[static_cast<int>(k)]; }
+  // A fast call: some pair took a fast path. A fallback call: some pair left it (kFastPath,
+  // kOffFastPath). A call may be both, or neither (only empty pairs).
+  bool fast() const { return any_pair_on(kFastPath); }
+  bool fallback() const { return any_pair_on(kOffFastPath); }
+
+ private:
+  bool any_pair_on(const bool* which) const {
+    for (int p = 0; p < kNumPaths; ++p) {
+      if (which[p] && paths[p].tensors != 0) return true;
+    }
+    return false;
+  }
 };
 
 // The one builder of the result of a call handed to stock whole before any plan ran, for `why`
