@@ -20,6 +20,15 @@ Refusal fast_route_tensor(const c10::TensorImpl& t, bool written, const RuleCont
 }
 
 
+void bump_pairs_as_stock(at::TensorList dsts, at::TensorList srcs, bool in_inference,
+                         const std::vector<uint8_t>& skip) {
+  for (size_t i = 0; i < dsts.size(); ++i) {
+    if ((skip.empty() || !skip[i]) && stock_bumps_pair(dsts[i], srcs[i], in_inference)) {
+      dsts[i].unsafeGetTensorImpl()->bump_version();
+    }
+  }
+}
+
 void bump_as_stock(at::TensorList written, at::TensorList read, bool in_inference) {
   bool all_inference = in_inference;
   for (const auto l : {read, written}) {

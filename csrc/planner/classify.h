@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "planner/capability_table.h"
 
@@ -164,6 +165,10 @@ inline bool stock_bumps_pair(const c10::TensorImpl& d, const c10::TensorImpl& s,
 inline bool stock_bumps_pair(const at::Tensor& d, const at::Tensor& s, bool in_inference) {
   return stock_bumps_pair(*d.unsafeGetTensorImpl(), *s.unsafeGetTensorImpl(), in_inference);
 }
+// Moves each destination's counter as stock's _foreach_copy_ does (stock_bumps_pair), except
+// the pairs `skip` marks (empty: none).
+void bump_pairs_as_stock(at::TensorList dsts, at::TensorList srcs, bool in_inference,
+                         const std::vector<uint8_t>& skip = {});
 // The same for an out= op's call: moves each of `written`'s counters as stock's does, `read` the
 // call's other tensors.
 void bump_as_stock(at::TensorList written, at::TensorList read, bool in_inference);

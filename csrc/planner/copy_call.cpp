@@ -94,13 +94,7 @@ CallResult plan_and_run(at::TensorList dsts, at::TensorList srcs, bool non_block
   // inference_mode (outside it the plan was stock's loop, which raised); others move even inside
   // inference_mode, unless both tensors of the pair are inference-keyed (stock_bumps_pair).
   if (bump && counts.executed && !counts.bumped) {
-    const bool in_inference = c10::InferenceMode::is_enabled();
-    for (size_t i = 0; i < dsts.size(); ++i) {
-      const auto& t = dsts[i];
-      if (stock_bumps_pair(t, srcs[i], in_inference) && (self_bumped.empty() || !self_bumped[i])) {
-        t.unsafeGetTensorImpl()->bump_version();
-      }
-    }
+    bump_pairs_as_stock(dsts, srcs, c10::InferenceMode::is_enabled(), self_bumped);
   }
   return counts;
 }

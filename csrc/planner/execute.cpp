@@ -117,12 +117,7 @@ class Executor {
       const at::Tensor* t = probe(dsts_);
       const int64_t before = version(t);
       at::_foreach_copy_(dsts_, srcs_, non_blocking_);
-      if (bump && version(t) == before) {
-        const bool in_inference = c10::InferenceMode::is_enabled();
-        for (size_t i = 0; i < dsts_.size(); ++i) {
-          if (!kept(i) && stock_bumps_pair(dsts_[i], srcs_[i], in_inference)) dsts_[i].unsafeGetTensorImpl()->bump_version();
-        }
-      }
+      if (bump && version(t) == before) bump_pairs_as_stock(dsts_, srcs_, c10::InferenceMode::is_enabled(), kept_);
     }
     int64_t bytes = 0;
     for (const auto& d : dsts_) bytes += dst_bytes(d);
