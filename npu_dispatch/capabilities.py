@@ -42,8 +42,8 @@ _ALL_DTYPES = frozenset(
 
 
 def _all_cross_pairs() -> frozenset:
-    # complex -> real never reaches the table: the rule keeps such a pair off the fast path first
-    # (csrc/planner/classify.h, dtype / complex_to_real).
+    # complex -> real pairs are listed but never looked up: the rule keeps them off the fast path
+    # first (csrc/planner/classify.h, dtype / complex_to_real).
     return frozenset((s, d) for s in _ALL_DTYPES for d in _ALL_DTYPES if s != d)
 
 

@@ -7,8 +7,9 @@ import threading
 
 __all__ = ["CopyStats", "paths", "global_stats", "add_drain"]
 
-# The paths a pair can take, in report order, and which of them are the fast path or off it: the
-# C++ core defines them (csrc/planner/execute.h) and they are set here when it loads (_native). Its
+# The paths a pair can take, in report order: the C++ core defines them (csrc/planner/execute.h,
+# which also decides whether a call was fast or a fallback) and they are set here when it loads
+# (_native). Its
 # paths: "coalesced" (adjacent pairs as one flat copy), "foreach" (the device's batched kernel),
 # "fallback" (pairs copied by stock's copy_), "stock" (a whole call handed to the stock op),
 # "empty" (zero-element pairs), "staged" (cross-dtype pairs through scratch memory). Without it,
