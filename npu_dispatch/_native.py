@@ -89,9 +89,9 @@ def module():
 
 
 def planned_op():
-    """``foreach_copy_planned(dsts, srcs, non_blocking, strict, bump) -> (blocked, paths,
-    reasons)`` (csrc/binding/to_python.h ``counts``), or None (no native library). O(1) after the
-    first call."""
+    """``foreach_copy_planned(dsts, srcs, non_blocking, strict, bump) -> CallResult``
+    (csrc/planner/execute.h, bound in csrc/binding/to_python.cpp), or None (no native library).
+    O(1) after the first call."""
     if _planned is not None:
         if _npu_pending and "torch_npu" in sys.modules:
             push_capabilities()
@@ -184,7 +184,7 @@ def push_capabilities() -> None:
     pending = False
     if "npu" not in capabilities._table and not any("npu" in layer for layer in capabilities._overrides):
         if "torch_npu" in sys.modules:
-            merged["npu"] = capabilities.lookup("npu")  # what plan.py's first sight would cache
+            merged["npu"] = capabilities.lookup("npu")  # the entry capabilities.lookup caches on first sight
         else:
             pending = True
     entries = []

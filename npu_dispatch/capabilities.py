@@ -1,7 +1,8 @@
 """Per-device capability table: which copies a device's native batched kernel can take.
 
-The table is data, not branches: the planner asks ``lookup(device_type)`` and nothing else,
-and tests replace entries with ``override({...})`` to drive the npu rules on a CPU machine.
+The table is data, not branches: the C++ planner reads the snapshot of it pushed on every change
+(``_native.push_capabilities``; csrc/planner/capability_table.h), and tests replace entries with
+``override({...})`` to drive the npu rules on a CPU machine.
 
 Sources mirrored:
 - npu: Ascend op-plugin ``op_plugin/ops/opapi/ForeachCopyKernelOpApi.cpp`` (``aclnnForeachCopy``,
@@ -13,8 +14,11 @@ Sources mirrored:
   fp32, which quiets a signalling NaN that per-pair ``copy_`` keeps), so a sub-list of a list stock
   copies pair by pair would change bits (seen on an H200; ``whole_list_only``).
 - cpu: ATen runs ``_foreach_copy_`` as a per-tensor loop of ``copy_``. Every pair is "supported":
-  the C++ kernel (csrc/cpu/) copies same-dtype pairs as bytes and converts fp32<->bf16/fp16 with ATen's own vectorized routines, each conversion checked
-  bit for bit against stock when the library loads, and hands every other pair to stock.
+  the C++ kernel (csrc/cpu/) copies same-dtype pairs as bytes and converts fp32<->bf16/fp16 with
+  ATen's own vectorized routines, each conversion checked bit for bit against stock when the
+  library loads, and hands every other pair to stock. This entry is the one without the native
+  library (one launch per tensor); loading it replaces the entry with the kernel's (a host pass,
+  one launch per group: ``_native.load``).
 """
 from __future__ import annotations
 
@@ -62,7 +66,7 @@ class Capability:
         source: where the rules come from, shown by ``doctor``.
         whole_list_only: the kernel gives stock's bits only where stock's own op would use it,
             on a whole list: any call touching this device type goes to stock's op whole, counted
-            as the fast path when stock's op takes its batched kernel (plan.py).
+            as the fast path when stock's op takes its batched kernel (csrc/planner/plan.cpp).
         stage_bytes: the most scratch memory (bytes) one *stage* may allocate: a cross-dtype group
             the kernel cannot convert is copied through scratch (docs/design.md, "Staged casts"),
             in chunks whose scratch (the sources' bytes, plus the destinations' where they are not
@@ -70,7 +74,7 @@ class Capability:
             stage_bytes=n)})``.
         host_pass: the kernel is a host pass that also copies the call's coalesced runs (the
             library's CPU kernel): there a run costs no launch of its own, so runs are always kept
-            (on a device, a run that saves no launch joins its foreach group: plan.py).
+            (on a device, a run that saves no launch joins its foreach group: csrc/planner/runs.h).
         batched_transfers: the device's ``_foreach_copy_`` copies a uniform host->device or
             device->host list in one batched memcpy (op-plugin ``memcpyBatch``).
         batched_keeps_versions: the device's batched kernels move no version counter (op-plugin

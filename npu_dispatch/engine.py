@@ -105,7 +105,7 @@ def foreach_copy(
 
     Bumps each listed destination's version counter once, as stock's in-place op does without
     a mode (``bump=False`` for the functional variant, whose fresh outputs stay at version 0;
-    ``None``: stock's rule where the call is made, csrc/planner/copy_call.h ``stock_bumps``).
+    ``None``: stock's rule where the call is made, csrc/planner/copy_call.h ``foreach_copy_bumps_here``).
 
 
     Raises:
@@ -147,7 +147,7 @@ def _native_verify(planned, dsts, srcs, non_blocking, op, strict, bump):
     v = None
     if bump is None:
         # Stock's rule where the call is made (csrc/planner/copy_call.h), read before the guard below.
-        bump = _native.module().stock_bumps(list(dsts))
+        bump = _native.module().foreach_copy_bumps_here(list(dsts))
 
     def run() -> None:
         nonlocal v

@@ -748,3 +748,57 @@ def test_a_refused_mixed_dtype_chunk_cat_under_verify_counts_once_in_the_inner_m
     ops = inner.stats.as_dict()["ops"]
     assert set(ops) == {"fsdp.chunk_cat_mixed_dtype"} and ops["fsdp.chunk_cat_mixed_dtype"]["calls"] == 1
     assert ops["fsdp.chunk_cat_mixed_dtype"]["fallback_calls"] == 1
+
+
+@pytest.mark.parametrize("verify", [False, True], ids=["kernels", "debugging_mode"])
+def test_on_a_device_without_a_host_pass_chunk_cat_stays_its_own_op_as_device_op(verify):
+    # A batching device's entry on CPU (no host pass): the copy-out's rows go to the planner, chunk_cat
+    # to the device's own op (one call), counted under its own reason.
+    from npu_dispatch.capabilities import npu_capability, override
+
+    tensors, make_out = _chunk_cat_case([(37,), (16, 3)], bf16, f32, 8, 0, 6)
+    want, want_v = _run_chunk_cat(stock_chunk_cat, tensors, 0, 8, make_out)
+    src, make_outs = _copy_out_case(4, [5, 0, 9], f32, 1)
+    want_out, want_out_v = _run_copy_out(stock_copy_out, src, [5, 0, 9], 1, make_outs)
+    with override({"cpu": npu_capability("9.1.0")}):
+        with nd.NpuFastCopyMode(verify=verify) as mode:
+            got, got_v = _run_chunk_cat(stock_chunk_cat, tensors, 0, 8, make_out)
+            got_out, got_out_v = _run_copy_out(stock_copy_out, src, [5, 0, 9], 1, make_outs)
+    assert _same([got], [want]) and got_v == want_v
+    assert _same(got_out, want_out) and got_out_v == want_out_v
+    ops = mode.stats.as_dict()["ops"]
+    assert ops["fsdp.chunk_cat"]["fast_calls"] == 0 and ops["fsdp.chunk_cat"]["fallback_calls"] == 1
+    assert mode.stats.as_dict()["fallback_reasons"] == {"device_op": 2}
+    assert ops["fsdp.split_with_sizes_copy"]["fast_calls"] == 1
+
+
+@pytest.mark.parametrize("op", ["copy_out", "chunk_cat"])
+def test_a_refused_out_op_in_the_debugging_mode_bumps_inference_keyed_outs_as_stock(op):
+    # Inside inference_mode, a call whose tensors are all inference-keyed skips stock's
+    # ADInplaceOrView kernel: outs that still carry a counter (a normal tensor given an inference
+    # tensor's .data) keep their versions. A non-contiguous input sends the call to stock's op.
+    def out(*shape):
+        t = torch.zeros(*shape)
+        with torch.inference_mode():
+            t.data = torch.zeros(*shape)
+        return t
+
+    results = []
+    for debugging in (False, True):
+        outs = [out(4, 6), out(4, 10)] if op == "copy_out" else [out(2, 3)]
+        before = [t._version for t in outs]
+        with torch.inference_mode():
+            if op == "copy_out":
+                src = torch.arange(128.0).view(4, 32)[:, ::2]
+                call = lambda: fsdp.split_with_sizes_copy(src, [6, 10], dim=1, out=outs)  # noqa: E731
+            else:
+                call = lambda: fsdp.chunk_cat([torch.arange(12.0)[::2]], 0, 2, out=outs[0])  # noqa: E731
+            if debugging:
+                with nd.NpuFastCopyMode(verify=True) as mode:
+                    call()
+            else:
+                call()
+        if debugging:
+            assert sum(o["fallback_calls"] for o in mode.stats.as_dict()["ops"].values()) == 1
+        results.append(([t._version - b for t, b in zip(outs, before)], [_bits(t).tolist() for t in outs]))
+    assert results[1] == results[0] and results[0][0] == [0] * len(results[0][0])

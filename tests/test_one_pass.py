@@ -76,11 +76,27 @@ def _inference_src():
 
 
 def _two_storages_side_by_side():
-    # Two storages over one buffer: adjacent in memory, yet the planner must not coalesce them.
+    # Two storages over one buffer: adjacent in memory, yet no run crosses storages
+    # (csrc/planner/runs.h); the sources are one run's worth of adjacent views.
     buf = bytearray(64)
     a = torch.frombuffer(buf, dtype=torch.float32, count=4)
     b = torch.frombuffer(buf, dtype=torch.float32, count=4, offset=16)
     return [a, b], list(torch.arange(8.0).split(4))
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "dispatched"])
+def test_adjacent_pairs_in_two_storages_are_two_singles_in_both_drivers(direct):
+    dsts, srcs = _two_storages_side_by_side()
+    want = [d.clone() for d in dsts]
+    stock_copy(want, srcs)
+    before = one_pass_calls()
+    paths, reasons = mode_paths(_two_storages_side_by_side, direct=direct)
+    assert one_pass_calls() == before + 1
+    assert paths == plan_paths(_two_storages_side_by_side)[0]
+    assert paths["coalesced"]["tensors"] == 0 and (paths["foreach"]["tensors"], paths["foreach"]["bytes"]) == (2, 32)
+    assert reasons == {}
+    direct_copy(dsts, srcs)
+    assert all(torch.equal(bits(a), bits(b)) for a, b in zip(dsts, want))
 
 
 # Inference tensors as the rule takes them (csrc/planner/classify.h): an inference source is read as
@@ -130,7 +146,6 @@ REFUSED = {
     "0dim_cast": lambda: ([torch.zeros((), dtype=bf16)], [torch.tensor(float("nan"))]),
     "int_to_float": lambda: ([torch.zeros(3)], [torch.arange(3, dtype=i32)]),
     "shape_mismatch_error": lambda: ([torch.zeros(3), torch.zeros(2)], [torch.ones(3), torch.ones(5)]),
-    "two_storages_side_by_side": _two_storages_side_by_side,
 }
 
 
@@ -543,3 +558,27 @@ def test_the_profiler_sees_the_kernel_ranges(numel):
     assert torch.equal(base_d, base_s)
     names = {e.name for e in prof.events()}
     assert {"npu_dispatch::cpu_kernel", "npu_dispatch::coalesced"} <= names
+
+
+def _runs_worth_dissolving():
+    # One adjacent run of 4 and a single, of one dtype pair: on a device batching 48 pairs a launch
+    # the run costs a launch its pairs can share with the single's group.
+    buf_d, buf_s = torch.zeros(40), torch.arange(40.0)
+    return list(buf_d[:32].split(8)) + [torch.zeros(5)], list(buf_s[:32].split(8)) + [torch.ones(5)]
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "dispatched"])
+def test_a_batching_capability_on_cpu_counts_what_explain_plans(direct):
+    from npu_dispatch.capabilities import npu_capability, override
+
+    with override({"cpu": npu_capability("8.0.RC3")}):
+        before = one_pass_calls()
+        paths, reasons = mode_paths(_runs_worth_dissolving, direct=direct)
+        want, _ = plan_paths(_runs_worth_dissolving)
+        p = nd.explain(*_runs_worth_dissolving())
+        dsts, srcs = _runs_worth_dissolving()
+        nd.foreach_copy_(dsts, srcs)
+    assert one_pass_calls() == before  # the planner dissolves runs on such a device
+    assert p.runs == [] and p.launches == 1
+    assert paths == want and paths["foreach"]["tensors"] == 5 and reasons == {}
+    assert all(torch.equal(d, s) for d, s in zip(dsts, srcs))

@@ -46,8 +46,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("foreach_copy_planned",
         torch::wrap_pybind_function_no_gil([](const Tensors& dsts, const Tensors& srcs, bool non_blocking, bool strict,
                                               std::optional<bool> bump) {
-          // None: stock's rule where the call is made (planner/copy_call.h stock_bumps).
-          return plan_and_run(dsts, srcs, non_blocking, strict, bump.has_value() ? *bump : stock_bumps(dsts));
+          // None: stock's rule where the call is made (planner/copy_call.h foreach_copy_bumps_here).
+          return plan_and_run(dsts, srcs, non_blocking, strict, bump.has_value() ? *bump : foreach_copy_bumps_here(dsts));
         }),
         "Plan and execute one _foreach_copy_ (planner/copy_call.h plan_and_run).");
   m.def("copy_out",
@@ -86,7 +86,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           return outs;
         }),
         "The outputs stock's functional _foreach_copy allocates for these destinations (planner/copy_call.h).");
-  m.def("stock_bumps", torch::wrap_pybind_function([](const Tensors& dsts) { return stock_bumps(dsts); }),
+  m.def("foreach_copy_bumps_here", torch::wrap_pybind_function([](const Tensors& dsts) { return foreach_copy_bumps_here(dsts); }),
         "Whether stock's _foreach_copy_ called here bumps the destinations.");
   m.def("plan", torch::wrap_pybind_function([](const Tensors& dsts, const Tensors& srcs) { return plan(plan_of(dsts, srcs)); }),
         "The plan of one _foreach_copy_, as a dict; nothing is written.");

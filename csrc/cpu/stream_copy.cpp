@@ -1,4 +1,5 @@
 #include "cpu/stream_copy.h"
+#include "planner/tuning.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -91,11 +92,6 @@ bool stream_supported() {
 }
 
 }  // namespace
-
-// The most a pass may move before it streams, whatever sysfs says: a virtual machine on a large
-// package sees the package's whole last-level cache but holds only a slice of it, and passes
-// beyond that slice gain from streaming (byte copies and conversions alike).
-constexpr int64_t kMaxStreamMovedBytes = int64_t{96} << 20;
 
 int64_t stream_moved_bytes() {
   static const int64_t bytes = stream_supported() ? std::min(last_level_cache_bytes(), kMaxStreamMovedBytes)

@@ -12,7 +12,7 @@ namespace npu_dispatch {
 
 // Bytes read plus written at or above which a pass streams its stores: the size of the level-3
 // (or higher) cache CPU 0 sits under (sysfs), 32 MB where none is listed, at most 96 MiB (a
-// virtual machine's slice of a larger package cache: cpu/stream_copy.cpp); INT64_MAX
+// virtual machine's slice of a larger package cache: planner/tuning.h); INT64_MAX
 // (never) on a CPU without AVX2 streaming stores. The first call reads sysfs: the library's
 // load makes it (self_check), not a copy. Below the cache's size normal stores win (the data
 // stays cached), beyond it streaming does (a normal store first reads the line it writes).

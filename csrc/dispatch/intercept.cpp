@@ -61,7 +61,7 @@ void foreach_copy_(c10::DispatchKeySet ks, at::TensorList self, at::TensorList s
     return;
   }
   const int64_t t0 = now_ns();
-  const auto counts = plan_and_run(self, src, non_blocking, false, stock_bumps(self));
+  const auto counts = plan_and_run(self, src, non_blocking, false, foreach_copy_bumps_here(self));
   s->stats->record(kOp, counts, now_ns() - t0);
 }
 

@@ -16,7 +16,7 @@ namespace {
 
 void foreach_copy_kernel(at::TensorList self, at::TensorList src, bool non_blocking) {
   const int64_t t0 = now_ns();
-  const auto counts = plan_and_run(self, src, non_blocking, false, stock_bumps(self));
+  const auto counts = plan_and_run(self, src, non_blocking, false, foreach_copy_bumps_here(self));
   record_call(kOpForeachCopy, counts, now_ns() - t0);
 }
 

@@ -29,13 +29,20 @@
 
 namespace npu_dispatch {
 
-int64_t total_bytes(at::TensorList ts) {
-  int64_t b = 0;
-  for (const auto& t : ts) b += t.numel() * static_cast<int64_t>(t.element_size());
-  return b;
-}
-
 namespace {
+
+// Which fast path the FSDP copies have on `device`, by its capability: the CPU kernel's pass where
+// the capability is a host pass (Kind::None); none without a capability (no_capability) or on a
+// whole_list_only device, which has kernels of its own (whole_list_op, CUDA); else the device's
+// batched kernel (device_op), which the copy-out reaches through the planner and chunk_cat does
+// not (the device's own op is one call, fewer launches than its pieces).
+Kind host_pass_refusal(const c10::Device& device) {
+  const auto caps = current_capabilities();
+  const Capability* cap = caps->get(device.type());
+  if (cap == nullptr) return Kind::NoCapability;
+  if (cap->whole_list) return Kind::WholeListOp;
+  return cap->host_pass ? Kind::None : Kind::DeviceOp;
+}
 
 // A device's copy-out: the rows as one _foreach_copy_ of 1-D views through the planner (its
 // groups, stages and the device's batched kernel); row o of out[i] takes src's elements from
@@ -83,18 +90,13 @@ std::optional<CallResult> copy_out_served(const at::Tensor& src, c10::IntArrayRe
   CallResult v;
   v.executed = v.bumped = true;
   if (src.numel() == 0 || nonempty == 0) return v;
-  const auto caps = current_capabilities();
-  const Capability* cap = caps->get(src.device().type());
-  if (cap == nullptr) {
-    *why = Kind::NoCapability;
-    return std::nullopt;
-  }
-  if (cap->whole_list) {
-    *why = Kind::WholeListOp;
+  const Kind route = host_pass_refusal(src.device());
+  if (route == Kind::NoCapability || route == Kind::WholeListOp) {
+    *why = route;
     return std::nullopt;
   }
   const int64_t pairs = outer * nonempty;
-  if (cap->host_pass) {
+  if (route == Kind::None) {
     CpuCopyBatch batch;
     CopyOp op = CopyOp::Memcpy;
     bool mergeable = true;
@@ -279,9 +281,10 @@ std::optional<Kind> chunk_refusal(const ChunkScan& s, const at::Tensor& out, con
   bool shape = static_cast<int64_t>(os.size()) == nl + 2 && os[nl] == c.num_chunks && os[nl + 1] == s.width;
   for (int64_t d = 0; shape && d < nl; ++d) shape = os[d] == c.lead[d];
   if (!shape) return Kind::MayRaise;
+  // An input's span is exact only where it is contiguous: density before aliasing.
+  if (!s.contiguous) return Kind::NotDense;
   if (s.aliased) return Kind::Aliasing;
   if (!cast_ok) return Kind::Dtype;
-  if (!s.contiguous) return Kind::NotDense;
   return late;
 }
 
@@ -329,18 +332,6 @@ bool widening_or_same(c10::ScalarType in_dt, c10::ScalarType out_dt) {
                              c10::elementSize(out_dt) > c10::elementSize(in_dt));
 }
 
-// The CPU kernel where the device's capability is a host pass. Elsewhere the device's own op is
-// one call (a zero fill, the pad copies and one cat under stock); its pieces through the planner
-// would issue more launches than that. A whole_list_only device (CUDA) has a kernel of its own.
-std::optional<Kind> no_host_pass(const c10::Device& device) {
-  const auto caps = current_capabilities();
-  const Capability* cap = caps->get(device.type());
-  if (cap == nullptr || cap->whole_list || !cap->host_pass) {
-    return cap != nullptr && cap->whole_list ? Kind::WholeListOp : Kind::NoCapability;
-  }
-  return std::nullopt;
-}
-
 // A served chunk_cat's result, after its kernel counters (one pass of `pairs` pieces over out's
 // bytes, whatever the passes per input dtype; out's bytes streamed where any pass streamed) and
 // out's bump (with `bump`).
@@ -368,7 +359,8 @@ std::optional<CallResult> chunk_cat_pass(at::TensorList tensors, int64_t dim, in
   const auto n = static_cast<int64_t>(tensors.size());
   const auto out_dt = out.scalar_type();
   ChunkCheck c = chunk_check(tensors[0], out, dim, num_chunks, rule);
-  std::optional<Kind> late = no_host_pass(c.device);
+  std::optional<Kind> late;
+  if (const Kind route = host_pass_refusal(c.device); route != Kind::None) late = route;
   // One dtype: cat copies each input into a slice of out; where that slice is contiguous (one
   // input, or one row of out), its cast is copy_'s (FBGEMM's split for fp16), not ATen's copy
   // kernel's. Mixed: every cast is copy_'s.
@@ -476,11 +468,9 @@ CallResult copy_out_or_stock(const at::Tensor& src, c10::IntArrayRef sizes, int6
       [&](Kind* why) { return copy_out(src, sizes, dim, out, strict, bump, why); },
       [&] {
         at::split_with_sizes_copy_out(out, src, sizes, dim);
-        // Stock's out= op called from the caller's level bumps each out (bump_version raises
-        // stock's error for an inference tensor outside inference mode).
-        if (bump && !bumps_here()) {
-          for (const auto& o : out) o.unsafeGetTensorImpl()->bump_version();
-        }
+        // Stock's out= op called from the caller's level bumps the outs as its ADInplaceOrView
+        // kernel would (planner/classify.h bump_as_stock); this level is below it.
+        if (bump && !bumps_here()) bump_as_stock(out, {src}, c10::InferenceMode::is_enabled());
         return total_bytes(out);
       });
 }
@@ -503,7 +493,7 @@ CallResult chunk_cat_or_stock(at::TensorList tensors, int64_t dim, int64_t num_c
           op.call(tensors, dim, num_chunks, o);
         } else {
           at::_chunk_cat_out(const_cast<at::Tensor&>(out), tensors, dim, num_chunks);
-          if (bump && !bumps_here()) out.unsafeGetTensorImpl()->bump_version();
+          if (bump && !bumps_here()) bump_as_stock({out}, tensors, c10::InferenceMode::is_enabled());
         }
         return total_bytes({out});
       });

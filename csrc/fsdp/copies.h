@@ -19,6 +19,7 @@
 
 #include "planner/execute.h"
 #include "planner/plan.h"
+#include "planner/spans.h"
 
 namespace npu_dispatch {
 
@@ -59,8 +60,5 @@ CallResult copy_out_or_stock(const at::Tensor& src, c10::IntArrayRef sizes, int6
                              bool strict, bool bump);
 CallResult chunk_cat_or_stock(at::TensorList tensors, int64_t dim, int64_t num_chunks, const at::Tensor& out,
                               bool strict, bool bump, bool mixed);
-
-// The tensors' bytes (numel x element size), as their stock_counts (planner/execute.h) count them.
-int64_t total_bytes(at::TensorList ts);
 
 }  // namespace npu_dispatch

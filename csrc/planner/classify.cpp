@@ -35,7 +35,7 @@ void bump_as_stock(at::TensorList written, at::TensorList read, bool in_inferenc
     for (size_t k = 0; k < l.size() && all_inference; ++k) all_inference = inference_keyed(*l[k].unsafeGetTensorImpl());
   }
   for (const auto& t : written) {
-    if (stock_bumps(*t.unsafeGetTensorImpl(), all_inference, in_inference)) t.unsafeGetTensorImpl()->bump_version();
+    if (stock_bumps(all_inference, in_inference)) t.unsafeGetTensorImpl()->bump_version();
   }
 }
 

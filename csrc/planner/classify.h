@@ -1,8 +1,8 @@
 // The library's one eligibility rule: whether a copy pair may leave stock's op, which kernel takes
 // it, or why it stays stock's. The planner (plan.cpp), the one-pass plan (one_pass.cpp) and the
 // FSDP copies (fsdp/copies.cpp) all ask it; none decides on its own. Its hot half is inline (planner/classify_impl.h): the one-pass plan asks it for
-// every pair. The list-level half (overlap between pairs, coalescing, grouping) is the planner's
-// and the overlap rule planner/spans.h.
+// every pair. The list-level rules are planner/spans.h (overlap between pairs) and planner/runs.h
+// (coalescing and grouping).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -18,7 +18,8 @@
 namespace npu_dispatch {
 
 // Why pairs (or a whole call) leave the fast path. Python sees them by name only (kKindNames,
-// exported by binding/to_python.cpp).
+// exported by binding/to_python.cpp); its mode adds call-level reasons of its own paths
+// (no_native, dispatch_mode, infra_mode: npu_dispatch/mode.py).
 enum class Kind : int8_t {
   None = -1,
   NotTensor = 0,
@@ -39,6 +40,7 @@ enum class Kind : int8_t {
   OrderDependent,  // whole call: a 0-dim conversion; stock's CPU copy reads its strides from stale stack (docs/stock_quirks.md)
   WholeListOp,  // whole call: a whole_list_only device (CUDA) that stock copies pair by pair
   Schema,  // whole call: an intercepted op whose installed schema this library was not written for
+  DeviceOp,  // whole call: an FSDP copy the device's own op makes in one call, fewer launches than its pieces
   Count,
 };
 constexpr int kNumKinds = static_cast<int>(Kind::Count);
@@ -46,6 +48,7 @@ constexpr int kNumKinds = static_cast<int>(Kind::Count);
 inline constexpr const char* kKindNames[] = {
     "not_tensor", "subclass", "no_storage", "requires_grad", "layout", "meta", "may_raise", "aliasing", "broadcast", "device", "not_dense",
     "strides", "conj_neg", "dtype", "no_capability", "order_dependent", "whole_list_op", "schema",
+    "device_op",
 };
 static_assert(sizeof(kKindNames) / sizeof(kKindNames[0]) == kNumKinds, "a name per Kind");
 
@@ -151,16 +154,15 @@ inline bool has_version_counter(const at::Tensor& t) { return has_version_counte
 // tensor's `.data`).
 inline bool inference_keyed(const c10::TensorImpl& t) { return !t.key_set().has(c10::DispatchKey::ADInplaceOrView); }
 
-// The bump rule: whether stock's call moves the version counter of `written`, a tensor it writes
-// (when bumps apply at all). Its ADInplaceOrView kernel runs unless, inside inference mode, every
-// tensor of the call is inference-keyed (`all_inference_keyed`); a tensor without a counter never
-// moves.
-inline bool stock_bumps(const c10::TensorImpl& written, bool all_inference_keyed, bool in_inference) {
-  return has_version_counter(written) && (!in_inference || !all_inference_keyed);
-}
+// The bump rule: whether stock's call bumps the tensors it writes (when bumps apply at all). Its
+// ADInplaceOrView kernel runs unless, inside inference mode, every tensor of the call is
+// inference-keyed (`all_inference_keyed`), and where it runs it calls bump_version() on each, which
+// moves a tensor's counter, moves nothing for a tensor without one inside inference mode, and
+// raises stock's error for such a tensor outside it.
+inline bool stock_bumps(bool all_inference_keyed, bool in_inference) { return !in_inference || !all_inference_keyed; }
 // The same for one pair of stock's per-pair copy_ loop.
 inline bool stock_bumps_pair(const c10::TensorImpl& d, const c10::TensorImpl& s, bool in_inference) {
-  return stock_bumps(d, inference_keyed(d) && inference_keyed(s), in_inference);
+  return stock_bumps(inference_keyed(d) && inference_keyed(s), in_inference);
 }
 inline bool stock_bumps_pair(const at::Tensor& d, const at::Tensor& s, bool in_inference) {
   return stock_bumps_pair(*d.unsafeGetTensorImpl(), *s.unsafeGetTensorImpl(), in_inference);

@@ -57,7 +57,7 @@ void stock_foreach_copy(at::TensorList dsts, at::TensorList srcs, bool non_block
   at::_foreach_copy_(dsts, srcs, non_blocking);
 }
 
-bool stock_bumps(at::TensorList dsts) {
+bool foreach_copy_bumps_here(at::TensorList dsts) {
   if (bumps_here()) return true;
   const auto caps = current_capabilities();
   for (const auto& d : dsts) {
@@ -107,7 +107,7 @@ std::tuple<at::Tensor, at::Tensor> all_gather_copy_in(at::TensorList inputs, con
   {
     c10::AutoGradMode no_grad(false);
     // Each split moves the output's shared counter once, as stock's _foreach_copy_ there does.
-    *counts = plan_and_run(dsts, inputs, false, false, stock_bumps({out}));
+    *counts = plan_and_run(dsts, inputs, false, false, foreach_copy_bumps_here({out}));
   }
   return {std::move(slice), out};
 }

@@ -71,6 +71,6 @@ inline bool bumps_here() { return !c10::impl::tls_is_dispatch_key_excluded(c10::
 // always, except below ADInplaceOrView, where its per-pair copy_ loop bumps none. A batched
 // kernel that bumps anyway (CUDA's) is seen by the executor, so CPU and whole_list_only devices
 // need no bump of ours there; other accelerators keep the bumps.
-bool stock_bumps(at::TensorList dsts);
+bool foreach_copy_bumps_here(at::TensorList dsts);
 
 }  // namespace npu_dispatch

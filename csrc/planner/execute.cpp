@@ -13,16 +13,11 @@
 
 #include "planner/borrowed.h"
 #include "planner/capability_table.h"
+#include "planner/spans.h"
 #include "cpu/copy_kernel.h"
 
 namespace npu_dispatch {
 namespace {
-
-// Stock's message, word for word (autograd raises it; the executor runs below autograd).
-constexpr const char* kInferenceWriteError =
-    "Inplace update to inference tensor outside InferenceMode is not allowed.You can make a clone "
-    "to get a normal tensor before doing inplace update.See https://github.com/pytorch/rfcs/pull/17 "
-    "for more details.";
 
 std::vector<int64_t> contiguous_strides(c10::IntArrayRef sizes) {
   std::vector<int64_t> strides(sizes.size());
@@ -32,10 +27,6 @@ std::vector<int64_t> contiguous_strides(c10::IntArrayRef sizes) {
     step *= std::max<int64_t>(sizes[k], 1);
   }
   return strides;
-}
-
-int64_t dst_bytes(const at::Tensor& t) {
-  return t.numel() * static_cast<int64_t>(t.element_size());
 }
 
 // A device's fused _foreach_copy_ (CUDA's multi_tensor_apply kernel) bumps its destinations' version
@@ -94,24 +85,17 @@ class Executor {
       } else {
         at::_foreach_copy_(dsts_, srcs_, non_blocking_);
       }
-      int64_t bytes = 0;
-      for (const auto& d : dsts_) bytes += dst_bytes(d);
-      v_.path(kStock).add(p_.n, bytes, p_.launches());
-      v_.reason(p_.stock) += p_.n;
-      return;
-    }
-    if (p_.stock == Kind::Aliasing || p_.stock == Kind::MayRaise || p_.stock == Kind::Meta ||
+    } else if (p_.stock == Kind::Aliasing || p_.stock == Kind::MayRaise || p_.stock == Kind::Meta ||
         p_.stock == Kind::OrderDependent || p_.stock == Kind::WholeListOp) {
-      const bool outside_inference = !c10::InferenceMode::is_enabled();
+      const bool in_inference = c10::InferenceMode::is_enabled();
       for (size_t i = 0; i < dsts_.size(); ++i) {
         auto d = dsts_[i];
         const bool defined_nan = zero_dim_nan_to_bf16(d, srcs_[i]);
         d.copy_(srcs_[i], non_blocking_);
         if (defined_nan) write_defined_bf16_nan(d);
-        // Stock's version bump raises this, after the write; the executor runs below it. Where
-        // stock bumps nothing (below ADInplaceOrView), it raises nothing either.
-        TORCH_CHECK(!(bump && outside_inference && !has_version_counter(d)), kInferenceWriteError);
-        if (bump && !kept(i) && stock_bumps_pair(d, srcs_[i], !outside_inference)) d.unsafeGetTensorImpl()->bump_version();
+        // Stock's bump, after the write (for a destination without a counter outside inference
+        // mode it raises stock's error); below ADInplaceOrView stock bumps nothing.
+        if (bump && !kept(i) && stock_bumps_pair(d, srcs_[i], in_inference)) d.unsafeGetTensorImpl()->bump_version();
       }
     } else {
       const at::Tensor* t = probe(dsts_);
@@ -119,9 +103,7 @@ class Executor {
       at::_foreach_copy_(dsts_, srcs_, non_blocking_);
       if (bump && version(t) == before) bump_pairs_as_stock(dsts_, srcs_, c10::InferenceMode::is_enabled(), kept_);
     }
-    int64_t bytes = 0;
-    for (const auto& d : dsts_) bytes += dst_bytes(d);
-    v_.path(kStock).add(p_.n, bytes, p_.launches());
+    v_.path(kStock).add(p_.n, total_bytes(dsts_), p_.launches());
     v_.reason(p_.stock) += p_.n;
   }
 
@@ -151,7 +133,7 @@ class Executor {
       const int64_t* members = p_.group_members.data() + g.begin;
       const int64_t count = g.end - g.begin;
       int64_t bytes = 0;
-      for (int64_t k = 0; k < count; ++k) bytes += dst_bytes(dsts_[members[k]]);
+      for (int64_t k = 0; k < count; ++k) bytes += tensor_bytes(dsts_[members[k]]);
       v_.path(kForeach).add(count, bytes, g.launches);
       if (!dsts_[members[0]].is_cpu() || p_.whole_list || g.transfer) {
         // The device's own batched kernel (CUDA multi_tensor_apply, op-plugin aclnnForeachCopy).
@@ -188,7 +170,7 @@ class Executor {
         views.push_back(scratch.as_strided(s.sizes(), contiguous_strides(s.sizes()), off));
         picked.push_back(s);
         off += s.numel();
-        bytes += dst_bytes(dsts_[members[k]]);
+        bytes += tensor_bytes(dsts_[members[k]]);
       }
       at::_foreach_copy_(views, picked, non_blocking_);
       if (st.adjacent) {
@@ -228,7 +210,7 @@ class Executor {
     for (const auto& f : p_.fallback) {
       auto d = dsts_[f.index];
       d.copy_(srcs_[f.index], non_blocking_);
-      bytes += dst_bytes(d);
+      bytes += tensor_bytes(d);
       v_.reason(f.kind) += 1;
     }
     v_.path(kFallback).add(static_cast<int64_t>(p_.fallback.size()), bytes, p_.fallback_launches);

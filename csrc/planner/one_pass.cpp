@@ -15,15 +15,9 @@ namespace {
 
 std::atomic<int64_t> g_one_pass_calls{0};
 
-constexpr size_t kAheadTensors = 8, kAheadStorages = 4;
-
 void prefetch_tensor(const c10::TensorImpl* t) {
   const char* p = reinterpret_cast<const char*>(t);
   for (size_t off = 0; off < sizeof(c10::TensorImpl); off += 64) __builtin_prefetch(p + off);
-}
-
-uint16_t dtype_pair(c10::ScalarType src, c10::ScalarType dst) {
-  return static_cast<uint16_t>(static_cast<uint8_t>(src) | (static_cast<uint8_t>(dst) << 8));
 }
 
 }  // namespace
@@ -33,8 +27,9 @@ int64_t one_pass_calls() { return g_one_pass_calls.load(std::memory_order_relaxe
 bool OnePass::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* srcs, size_t n,
                        const CapabilityTable& caps, const RuleContext& rule) {
   cap_ = caps.get(c10::DeviceType::CPU);
-  // A whole_list_only entry (a test making CPU follow CUDA's rules): the planner decides.
-  if (cap_ == nullptr || cap_->whole_list) return false;
+  // A whole_list_only entry (a test making CPU follow CUDA's rules), or one whose runs the planner
+  // may dissolve (a test giving CPU a batching device's entry): the planner decides.
+  if (cap_ == nullptr || cap_->whole_list || !keeps_every_run(*cap_)) return false;
   dst_spans_.reserve(n);
   src_spans_.reserve(n);
   batch_.reserve(n);
@@ -87,61 +82,30 @@ bool OnePass::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* srcs
     const int64_t sbytes = numel * sitem;
     const auto du = reinterpret_cast<uintptr_t>(dptr);
     const auto su = reinterpret_cast<uintptr_t>(sptr);
-    const uint16_t dtypes = dtype_pair(st, dt);
-    const bool adjacent = run_len_ > 0 && dtypes == run_dtypes_ &&
-                          du == dst_spans_.back().end && su == src_spans_.back().end;
+    const RunPair p{run_key(*d, *s), du, su, dbytes, sbytes, dst_storage.unsafeGetStorageImpl(),
+                    src_storage.unsafeGetStorageImpl()};
+    const bool joins = cursor_.continues(p);
     // A Memcpy item counts bytes (WorkItem::n).
     const int64_t item_n = op == CopyOp::Memcpy ? dbytes : numel;
-    // planner/plan.cpp coalesces only inside one storage; two storages side by side are its call.
-    if (adjacent && (dst_storage.unsafeGetStorageImpl() != run_dst_storage_ ||
-                     src_storage.unsafeGetStorageImpl() != run_src_storage_)) {
-      return false;
-    }
     if (mergeable) {
-      batch_.add_contiguous(dptr, sptr, item_n, op, adjacent);
+      batch_.add_contiguous(dptr, sptr, item_n, op, joins);
     } else {
       batch_.add_fbgemm_f16_to_f32(dptr, sptr, numel);
     }
-    if (adjacent) {
+    if (joins) {
       dst_spans_.back().end += dbytes;
       src_spans_.back().end += sbytes;
-      ++run_len_;
-      run_bytes_ += dbytes;
     } else {
       close_run();
       dst_spans_.push_back({du, du + dbytes});
       src_spans_.push_back({su, su + sbytes});
-      run_len_ = 1;
-      run_bytes_ = dbytes;
-      run_dtypes_ = dtypes;
-      run_dst_storage_ = dst_storage.unsafeGetStorageImpl();
-      run_src_storage_ = src_storage.unsafeGetStorageImpl();
     }
+    cursor_.add(p, joins);
     bytes_ += dbytes;
   }
   close_run();
   // The library's overlap rule (planner/spans.h).
   return !writes_overlap(dst_spans_, src_spans_);
-}
-
-void OnePass::close_run_slow() {
-  if (run_len_ >= 2) {
-    ++runs_;
-    run_tensors_ += run_len_;
-    coalesced_bytes_ += run_bytes_;
-  } else if (run_len_ == 1) {
-    // A single joins its dtype pair's group (planner/plan.cpp groups singles by device and dtypes).
-    // Lists usually hold one dtype pair: try the last group hit first.
-    const uint16_t dtypes = run_dtypes_;
-    if (last_group_ >= groups_.size() || groups_[last_group_].dtypes != dtypes) {
-      last_group_ = std::find_if(groups_.begin(), groups_.end(),
-                                 [&](const Group& x) { return x.dtypes == dtypes; }) - groups_.begin();
-      if (last_group_ == groups_.size()) groups_.push_back({dtypes, 0, 0});
-    }
-    groups_[last_group_].tensors += 1;
-    groups_[last_group_].bytes += run_bytes_;
-  }
-  run_len_ = 0;
 }
 
 CallResult OnePass::run(int64_t serial_moved_bytes) {

@@ -2,7 +2,8 @@
 // ordinary dense CPU tensor pair, contiguous, of one shape, of a dtype pair the CPU kernel copies
 // exactly, with no memory shared between a destination and anything else. For such a call the
 // full planner (planner/plan.cpp) would put every pair on the fast route with no fallback; the one-pass plan
-// builds the same runs and groups (and the same counts) without its per-pair bookkeeping. Any
+// applies the same coalescing rule (planner/runs.h), so it builds the same runs and groups (and the
+// same counts), without the planner's per-pair bookkeeping. Any
 // other call is refused before anything is written, and the caller plans it in full.
 #pragma once
 
@@ -15,6 +16,7 @@
 #include "planner/capability_table.h"
 #include "planner/classify.h"
 #include "planner/execute.h"
+#include "planner/runs.h"
 #include "planner/spans.h"
 #include "cpu/copy_kernel.h"
 
@@ -39,37 +41,35 @@ class OnePass {
   CallResult run(int64_t serial_moved_bytes = kSerialMovedBytes);
 
  private:
-  // (dtype pair, tensors, bytes) of each group of singles.
-  struct Group {
-    uint16_t dtypes;  // dtype_pair()
-    int64_t tensors, bytes;
-  };
-  // Ends the run being built. A single that joins the last group hit (the common case: one
-  // dtype pair per list) stays inline; the rest is close_run_slow.
+  // Ends the open run (planner/runs.h): a run of two or more pairs is counted, a single joins
+  // its key's group.
   void close_run() {
-    if (run_len_ == 1 && last_group_ < groups_.size() && groups_[last_group_].dtypes == run_dtypes_) {
-      groups_[last_group_].tensors += 1;
-      groups_[last_group_].bytes += run_bytes_;
-      run_len_ = 0;
-      return;
+    if (cursor_.len >= 2) {
+      ++runs_;
+      run_tensors_ += cursor_.len;
+      coalesced_bytes_ += cursor_.dbytes;
+    } else if (cursor_.len == 1) {
+      const size_t g = group_of(keys_, cursor_.end.key, last_group_);
+      if (g == groups_.size()) groups_.push_back({0, 0});
+      groups_[g].tensors += 1;
+      groups_[g].bytes += cursor_.dbytes;
     }
-    close_run_slow();
+    cursor_.len = 0;
   }
-  void close_run_slow();
 
   const Capability* cap_ = nullptr;
   CpuCopyBatch batch_;
   std::vector<Span> dst_spans_, src_spans_;
+  // The groups of singles: their keys, and (tensors, bytes) of each.
+  struct Group {
+    int64_t tensors, bytes;
+  };
+  std::vector<uint32_t> keys_;
   std::vector<Group> groups_;
   size_t last_group_ = 0;
-  // The run being built: adjacent contiguous pairs of one dtype pair in one storage each.
-  int64_t run_len_ = 0, run_bytes_ = 0;
-  uint16_t run_dtypes_ = 0;  // dtype_pair(src, dst) of the run
+  RunCursor cursor_;
   int64_t runs_ = 0, run_tensors_ = 0, coalesced_bytes_ = 0;
   int64_t empty_ = 0, bytes_ = 0;
-  // The storages of the run being built (a run never crosses storages).
-  const c10::StorageImpl* run_dst_storage_ = nullptr;
-  const c10::StorageImpl* run_src_storage_ = nullptr;
 };
 
 // One call of the one-pass plan by an entry that holds the pairs' TensorImpls

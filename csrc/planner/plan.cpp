@@ -2,6 +2,7 @@
 // to stock is the one stock's own loop would meet first; explain() decodes what it builds.
 #include "planner/plan.h"
 #include "planner/device_batching.h"
+#include "planner/runs.h"
 #include "planner/spans.h"
 
 #include <c10/util/Exception.h>
@@ -24,16 +25,8 @@ int64_t span_bytes(const at::Tensor& t) {
   return (span + 1) * static_cast<int64_t>(t.element_size());
 }
 
-int64_t nbytes(const at::Tensor& t) {
-  return t.numel() * static_cast<int64_t>(t.element_size());
-}
-
-// A flat view over a run must not leave the first tensor's storage: two allocations can sit side
-// by side (caching allocators split one segment).
-bool in_one_storage(const at::Tensor& t, int64_t ptr, int64_t len) {
-  const auto& st = t.unsafeGetTensorImpl()->unsafe_storage();
-  const auto base = reinterpret_cast<int64_t>(st.data());
-  return ptr + len <= base + static_cast<int64_t>(st.nbytes());
+const c10::StorageImpl* storage_of(const at::Tensor& t) {
+  return t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
 }
 
 struct Interval {
@@ -61,8 +54,6 @@ class Planner {
     if (lazy >= 0) return stock(Kind::ConjNeg, lazy, 0);
     int64_t whole_at = -1;
     if (const Capability* whole = whole_list_capability(&whole_at)) return whole_list(*whole, whole_at);
-    std::vector<int64_t> fast;
-    fast.reserve(dsts_.size());
     dst_iv_.reserve(dsts_.size());
     src_iv_.reserve(dsts_.size());
     for (int64_t i = 0; i < plan_.n; ++i) {
@@ -86,16 +77,26 @@ class Planner {
       if (s.numel() != 0) {
         src_iv_.push_back({device_rank(s.device()), pi.sptr, pi.sptr + span_bytes(s), i, false});
       }
-      if (c.route == Route::Fast) {
-        fast.push_back(i);
-      } else {
+      if (c.route == Route::Fallback) {
         plan_.fallback.push_back({i, c.why.kind, c.why.sub});
+      } else if (c.contiguous) {
+        const RunPair p{run_key(*d.unsafeGetTensorImpl(), *s.unsafeGetTensorImpl()), static_cast<uintptr_t>(pi.dptr),
+                        static_cast<uintptr_t>(pi.sptr), tensor_bytes(d), tensor_bytes(s),
+                        storage_of(d), storage_of(s)};
+        const bool joins = cursor_.continues(p);
+        if (!joins) close_run();
+        cursor_.add(p, joins);
+        run_.push_back(i);
+      } else {
+        close_run();
+        singles_.push_back(i);
       }
     }
+    close_run();
     if (first_overlap()) {
       return std::move(plan_);
     }
-    coalesce_and_group(fast);
+    coalesce_and_group();
     transfer_groups();
     if (nothing_fast_on_batching_device()) {
       const auto f = plan_.fallback.front();
@@ -202,20 +203,24 @@ class Planner {
     return static_cast<int64_t>(devices_.size() - 1);
   }
 
-  // Whether any destination overlaps another tensor of the call. Usually there is none, and
-  // the destinations (and the sources) arrive in address order: then no sort is needed.
+  // Whether any destination overlaps another tensor of the call on its device: the library's
+  // overlap rule (planner/spans.h), device by device. Usually there is none, and the destinations
+  // (and the sources) arrive in address order: then no sort is needed.
   bool any_overlap() {
-    if (devices_.size() != 1) return true;  // let the exact pass decide
-    // The library's overlap rule (planner/spans.h); first_overlap() names the pair stock meets.
-    std::vector<Span> dsts, srcs;
-    dsts.reserve(dst_iv_.size());
-    srcs.reserve(src_iv_.size());
-    for (const auto& iv : dst_iv_) dsts.push_back({static_cast<uintptr_t>(iv.start), static_cast<uintptr_t>(iv.end)});
-    for (const auto& iv : src_iv_) srcs.push_back({static_cast<uintptr_t>(iv.start), static_cast<uintptr_t>(iv.end)});
-    return writes_overlap(dsts, srcs);
+    for (int64_t rank = 0; rank < static_cast<int64_t>(devices_.size()); ++rank) {
+      std::vector<Span> dsts, srcs;
+      for (const auto& iv : dst_iv_) {
+        if (iv.rank == rank) dsts.push_back({static_cast<uintptr_t>(iv.start), static_cast<uintptr_t>(iv.end)});
+      }
+      for (const auto& iv : src_iv_) {
+        if (iv.rank == rank) srcs.push_back({static_cast<uintptr_t>(iv.start), static_cast<uintptr_t>(iv.end)});
+      }
+      if (writes_overlap(dsts, srcs)) return true;
+    }
+    return false;
   }
 
-  // The first overlap, named by a fixed order of the intervals.
+  // The first overlap, once any_overlap() has found one: named by a fixed order of the intervals.
   bool first_overlap() {
     if (!any_overlap()) return false;
     std::vector<Interval> intervals;
@@ -268,31 +273,18 @@ class Planner {
     return false;
   }
 
-  using Key = std::tuple<int, int, int, int>;  // device type, device index, src dtype, dst dtype
+  uint32_t key_of(int64_t i) const { return run_key(*dsts_[i].unsafeGetTensorImpl(), *srcs_[i].unsafeGetTensorImpl()); }
 
-  Key key_of(int64_t i) const {
-    const auto dev = dsts_[i].device();
-    return {static_cast<int>(dev.type()), dev.index(), static_cast<int>(srcs_[i].scalar_type()),
-            static_cast<int>(dsts_[i].scalar_type())};
-  }
-
-  // A candidate run: kept when it stays inside one storage on both sides.
-  void close_run(const std::vector<int64_t>& run, int64_t d_end, int64_t s_end,
-                 std::vector<std::vector<int64_t>>* runs, std::vector<int64_t>* numels,
-                 std::vector<int64_t>* singles) {
-    if (run.size() > 1) {
-      const auto& d0 = dsts_[run[0]];
-      const auto& s0 = srcs_[run[0]];
-      const auto& p0 = info_[run[0]];
-      const int64_t nd = d_end - p0.dptr;
-      const int64_t ns = s_end - p0.sptr;
-      if (in_one_storage(d0, p0.dptr, nd) && in_one_storage(s0, p0.sptr, ns)) {
-        runs->push_back(run);
-        numels->push_back(nd / static_cast<int64_t>(d0.element_size()));
-        return;
-      }
+  // Ends the open run (planner/runs.h): two or more pairs are a run, one is a single.
+  void close_run() {
+    if (run_.size() > 1) {
+      runs_.push_back(run_);
+      numels_.push_back(cursor_.dbytes / static_cast<int64_t>(dsts_[run_[0]].element_size()));
+    } else if (run_.size() == 1) {
+      singles_.push_back(run_[0]);
     }
-    singles->insert(singles->end(), run.begin(), run.end());
+    run_.clear();
+    cursor_.len = 0;
   }
 
   // On a device whose kernel batches many pairs a launch, a run costs one launch where its pairs
@@ -300,19 +292,19 @@ class Planner {
   // largest runs only while that issues fewer launches (ties keep the flat copy).
   void dissolve_runs(std::vector<std::vector<int64_t>>* runs, std::vector<int64_t>* numels,
                      std::vector<int64_t>* singles) {
-    std::vector<Key> keys;
+    std::vector<uint32_t> keys;
     for (const auto& r : *runs) {
-      const Key k = key_of(r[0]);
+      const uint32_t k = key_of(r[0]);
       if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
     }
     std::vector<uint8_t> drop(runs->size(), 0);
-    for (const Key& k : keys) {
-      const Capability* cap = caps_.get(static_cast<c10::DeviceType>(std::get<0>(k)));
+    for (const uint32_t k : keys) {
+      const Capability* cap = caps_.get(key_device_type(k));
       std::vector<size_t> mine;
       for (size_t r = 0; r < runs->size(); ++r) {
         if (key_of((*runs)[r][0]) == k) mine.push_back(r);
       }
-      if (cap == nullptr || cap->max_per_launch == 0 || cap->host_pass || !info_[(*runs)[mine[0]][0]].batched) {
+      if (cap == nullptr || keeps_every_run(*cap) || !info_[(*runs)[mine[0]][0]].batched) {
         continue;
       }
       std::stable_sort(mine.begin(), mine.end(),
@@ -366,10 +358,9 @@ class Planner {
     int64_t span = 0;
     for (size_t k = 0; k < idx.size() && adjacent; ++k) {
       const int64_t i = idx[k];
-      adjacent = info_[i].dptr == info_[idx[0]].dptr + span;
-      span += nbytes(dsts_[i]);
+      adjacent = info_[i].dptr == info_[idx[0]].dptr + span && storage_of(dsts_[i]) == storage_of(dsts_[idx[0]]);
+      span += tensor_bytes(dsts_[i]);
     }
-    adjacent = adjacent && in_one_storage(dsts_[idx[0]], info_[idx[0]].dptr, span);
     if (!adjacent && !cap.supports(dt, dt)) return false;
     struct Chunk {
       size_t begin, end;
@@ -379,7 +370,7 @@ class Planner {
     int64_t bytes = 0;
     for (size_t k = 0; k < idx.size(); ++k) {
       const int64_t i = idx[k];
-      const int64_t b = nbytes(srcs_[i]) + (adjacent ? 0 : nbytes(dsts_[i]));
+      const int64_t b = tensor_bytes(srcs_[i]) + (adjacent ? 0 : tensor_bytes(dsts_[i]));
       if (chunks.empty() || bytes + b > cap.stage_bytes) {
         chunks.push_back({k, k + 1, dsts_[i].numel()});
         bytes = b;
@@ -397,7 +388,7 @@ class Planner {
       const int64_t launches = cap.launches(n) + 1 + (adjacent ? 0 : cap.launches(n));
       int64_t bytes_c = 0;
       for (size_t k = c.begin; k < c.end; ++k) {
-        bytes_c += nbytes(srcs_[idx[k]]) + (adjacent ? 0 : nbytes(dsts_[idx[k]]));
+        bytes_c += tensor_bytes(srcs_[idx[k]]) + (adjacent ? 0 : tensor_bytes(dsts_[idx[k]]));
       }
       if (launches >= n || bytes_c > cap.stage_bytes) {
         for (size_t k = c.begin; k < c.end; ++k) plan_.fallback.push_back({idx[k], Kind::Dtype, kSubUnsupported});
@@ -410,37 +401,10 @@ class Planner {
     return true;
   }
 
-  void coalesce_and_group(const std::vector<int64_t>& fast) {
-    std::vector<int64_t> singles, run, numels;
-    std::vector<std::vector<int64_t>> runs;
-    int64_t d_end = -1, s_end = -1;
-    for (const int64_t i : fast) {
-      const auto& d = dsts_[i];
-      const auto& s = srcs_[i];
-      const auto& pi = info_[i];
-      if (!run.empty()) {
-        const auto& pd = dsts_[run.back()];
-        const auto& ps = srcs_[run.back()];
-        if (pi.dptr == d_end && pi.sptr == s_end && d.scalar_type() == pd.scalar_type() &&
-            s.scalar_type() == ps.scalar_type() && d.device() == pd.device() &&
-            d.is_contiguous() && s.is_contiguous()) {
-          run.push_back(i);
-          d_end += nbytes(d);
-          s_end += nbytes(s);
-          continue;
-        }
-        close_run(run, d_end, s_end, &runs, &numels, &singles);
-        run.clear();
-      }
-      if (d.is_contiguous() && s.is_contiguous()) {
-        run.push_back(i);
-        d_end = pi.dptr + nbytes(d);
-        s_end = pi.sptr + nbytes(s);
-      } else {
-        singles.push_back(i);
-      }
-    }
-    close_run(run, d_end, s_end, &runs, &numels, &singles);
+  void coalesce_and_group() {
+    auto& runs = runs_;
+    auto& numels = numels_;
+    auto& singles = singles_;
     if (!runs.empty()) dissolve_runs(&runs, &numels, &singles);
     for (size_t r = 0; r < runs.size(); ++r) {
       const auto begin = static_cast<int64_t>(plan_.run_members.size());
@@ -449,21 +413,14 @@ class Planner {
     }
 
     std::sort(singles.begin(), singles.end());
-    // Groups in order of first appearance, as first seen. Few keys: a linear scan, starting
-    // from the last key hit (neighbours usually share one).
-    std::vector<Key> keys;
+    // Groups in the order of their first single (planner/runs.h).
+    std::vector<uint32_t> keys;
     std::vector<std::vector<int64_t>> members;
     size_t last = 0;
     for (const int64_t i : singles) {
-      const Key k = key_of(i);
-      if (keys.empty() || keys[last] != k) {
-        last = std::find(keys.begin(), keys.end(), k) - keys.begin();
-        if (last == keys.size()) {
-          keys.push_back(k);
-          members.emplace_back();
-        }
-      }
-      members[last].push_back(i);
+      const size_t g = group_of(keys, key_of(i), last);
+      if (g == members.size()) members.emplace_back();
+      members[g].push_back(i);
     }
     for (size_t g = 0; g < members.size(); ++g) {
       const auto& idx = members[g];
@@ -500,6 +457,11 @@ class Planner {
   std::vector<PairInfo> info_;
   std::vector<Interval> dst_iv_, src_iv_;
   std::vector<c10::Device> devices_;
+  // The coalescing rule's state (planner/runs.h): the open run's members and cursor, the runs
+  // closed so far with their element counts, and the singles.
+  std::vector<int64_t> run_, singles_, numels_;
+  std::vector<std::vector<int64_t>> runs_;
+  RunCursor cursor_;
   Plan plan_;
 };
 

@@ -3,8 +3,8 @@
 // are only read). Stock's _foreach_copy_ copies pair by pair, so an overlap makes its result depend
 // on the order. The planner (planner/plan.cpp), the one-pass plan (planner/one_pass.cpp) and the
 // copy-out (fsdp/copies.cpp) ask writes_overlap(); chunk_cat, with one destination, asks
-// spans_meet() of each input. The planner's sweep (first_overlap) only names the pair stock
-// meets first, once writes_overlap() has found one (on one device).
+// spans_meet() of each input. The planner asks writes_overlap() device by device; its sweep
+// (first_overlap) only names the overlapping pair, once writes_overlap() has found one.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -19,10 +19,18 @@ struct Span {
   uintptr_t start, end;
 };
 
-// [data, data + numel * element_size): the bytes of a contiguous tensor.
+// numel * element_size: the bytes a tensor's elements hold, as every count of bytes counts them.
+inline int64_t tensor_bytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+inline int64_t total_bytes(at::TensorList ts) {
+  int64_t b = 0;
+  for (const auto& t : ts) b += tensor_bytes(t);
+  return b;
+}
+
+// [data, data + tensor_bytes): the bytes of a contiguous tensor.
 inline Span contiguous_span(const at::Tensor& t) {
   const auto p = reinterpret_cast<uintptr_t>(t.const_data_ptr());
-  return {p, p + static_cast<uintptr_t>(t.numel() * t.element_size())};
+  return {p, p + static_cast<uintptr_t>(tensor_bytes(t))};
 }
 
 // Whether two spans share a byte.
