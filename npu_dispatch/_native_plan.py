@@ -106,6 +106,7 @@ def decode_plan(d: dict, dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tens
         plan.stock_reason = (kind, _stock_text(kind, d["stock_a"], d["stock_b"], d["stock_detail"], dsts, srcs,
                                                d["own_op"], d["no_fast_pair"]))
     plan.launches = d["launches"]
+    plan.leaves_fast_path = d["leaves_fast_path"]
     for idx, numel in d["runs"]:
         d0, s0 = dsts[idx[0]], srcs[idx[0]]
         plan.runs.append(Run(idx, numel, d0.device, s0.dtype, d0.dtype))

@@ -142,7 +142,7 @@ def _native_verify(planned, dsts, srcs, non_blocking, op, strict, bump):
     # Debugging aid: plan first (the lists' errors are stock's) to know whether stock runs the
     # whole call, where there is nothing to compare.
     p = native_plan(list(dsts), list(srcs))
-    if strict and (p.stock_reason is not None or p.fallback):
+    if strict and p.leaves_fast_path:
         raise _strict_error(op, p)
     v = None
     if bump is None:

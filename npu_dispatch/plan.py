@@ -142,6 +142,8 @@ class Plan:
     fallback_launches: int = 0
     # Device launches the call issues, as the planner counts them (csrc/planner/plan.h).
     launches: int = 0
+    # Whether some pair leaves the fast path: what ``strict`` refuses (csrc/planner/plan.h).
+    leaves_fast_path: bool = False
 
     def __str__(self) -> str:
         lines = [f"plan for {self.n} pair(s): {self.launches} device launch(es)"]

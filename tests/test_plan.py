@@ -194,3 +194,20 @@ def test_override_is_scoped_and_table_is_data():
         assert [(len(g.indices), g.launches) for g in p.groups] == [(15, 3)] and p.launches == 3
     assert nd.capabilities.lookup("cpu").name == "cpu"
     assert nd.capabilities.table()["npu"].max_tensors_per_launch == 48
+
+
+@pytest.mark.parametrize("make, want", [
+    (lambda: ([torch.zeros(4), torch.zeros(5)], [torch.ones(4), torch.ones(5)]), False),  # every pair fast
+    (lambda: ([torch.zeros(4), torch.zeros(2, 3)], [torch.ones(4), torch.ones(3)]), True),  # a broadcast pair
+    (lambda: (lambda b: ([b[0:4], b[2:6]], [torch.ones(4), torch.ones(4)]))(torch.zeros(6)), True),  # aliasing
+], ids=["fast", "fallback_pair", "whole_stock"])
+def test_explain_says_whether_strict_refuses_the_call(make, want):
+    dsts, srcs = make()
+    assert nd.explain(dsts, srcs).leaves_fast_path is want
+    refused = False
+    try:
+        with nd.NpuFastCopyMode(strict=True):
+            torch._foreach_copy_(dsts, srcs)
+    except nd.FastCopyFallbackError:
+        refused = True
+    assert refused is want

@@ -96,6 +96,7 @@ pyb::dict plan(const Plan& p) {
   d["no_fast_pair"] = p.no_fast_pair;
   d["own_op"] = p.own_op;
   d["launches"] = p.launches();
+  d["leaves_fast_path"] = p.leaves_fast_path();
   d["fallback_launches"] = p.fallback_launches;
   pyb::list runs, groups, stages, fallback;
   for (const Run& r : p.runs) runs.append(pyb::make_tuple(members(p.run_members, r.begin, r.end), r.numel));

@@ -68,7 +68,7 @@ std::optional<CallResult> device_rows(const at::Tensor& src, c10::IntArrayRef si
   }
   if (strict) {
     const Plan plan = build_plan(d, s, *current_capabilities());
-    if (plan.stock != Kind::None || !plan.fallback.empty()) {
+    if (plan.leaves_fast_path()) {
       *why = plan.stock != Kind::None ? plan.stock : plan.fallback.front().kind;
       return std::nullopt;
     }

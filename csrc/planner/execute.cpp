@@ -250,7 +250,7 @@ class Executor {
 CallResult execute(const Plan& p, at::TensorList dsts, at::TensorList srcs, bool non_blocking, bool strict,
                    bool bump, const CapabilityTable& caps, std::vector<uint8_t>* self_bumped) {
   CallResult v;
-  if (strict && (p.stock != Kind::None || !p.fallback.empty())) {
+  if (strict && p.leaves_fast_path()) {
     v.blocked = true;
     return v;
   }

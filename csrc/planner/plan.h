@@ -65,6 +65,9 @@ struct Plan {
   // is the first fallback pair's reason.
   bool no_fast_pair = false;
 
+  // Whether some pair leaves the fast path (the whole call to stock, or a fallback pair): what
+  // `strict` refuses, nothing written.
+  bool leaves_fast_path() const { return stock != Kind::None || !fallback.empty(); }
   // Device launches the call issues: a whole-stock call's (stock's op pair by pair, or the
   // device's own op), else one per coalesced run plus each group's, stage's and fallback pair's.
   int64_t launches() const;
