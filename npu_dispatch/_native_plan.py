@@ -58,16 +58,16 @@ def _stock_reason_text(kind: str, a: int, b: int, detail: str, dsts, srcs, own_o
         if detail == "empty_write":
             return _empty_write_text(a)
         return f"dst[{a}] has internal overlap: stock raises there"
-    if kind == "conj_neg" and (d.is_conj() or d.is_neg()):
-        # A destination's lazy bit: stock's dispatcher refuses the list. A source's is a pair
-        # off the fast path (below).
+    if kind == "conj_neg":
+        # A destination's lazy bit: stock's dispatcher refuses the list (a source's is a pair off
+        # the fast path, below).
         return _lazy_bit_dst_text(a)
     if kind == "order_dependent":
         return _zero_dim_cast_text(a, s.dtype, d.dtype)
-    if kind == "whole_list_op":
-        caps = (capabilities.lookup(d.device.type), capabilities.lookup(s.device.type))
-        cap = next((c for c in caps if c is not None and c.whole_list_only), None)
-        return _whole_list_text(cap.name if cap is not None else d.device.type)
+    if kind == "whole_list_op":  # detail: the side of the tensor on the whole_list_only device
+        t = d if detail == "dst" else s
+        cap = capabilities.lookup(t.device.type)
+        return _whole_list_text(cap.name if cap is not None else t.device.type)
     if kind == "aliasing":
         later, earlier = detail.split("_over_")
         overlap = f"{later}[{b}] overlaps {earlier}[{a}]"

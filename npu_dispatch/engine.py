@@ -119,7 +119,7 @@ def foreach_copy(
         # No native library: the stock op, which gives stock's results, errors and bumps.
         with inside():
             _aten_foreach_copy_(list(dsts), list(srcs), non_blocking)
-        stats.record_passthrough(op, "no_native", len(dsts))
+        stats.record_no_native(op, len(dsts))
         return
     start = time.perf_counter()
     if verify:
@@ -235,7 +235,7 @@ def split_with_sizes_copy(
     if module is None:
         with inside():  # counted here, not again as aten's op
             torch.split_with_sizes_copy(all_gather_output, list(all_gather_input_split_sizes), dim, out=list(out))
-        stats.record_passthrough(op, "no_native", max(len(out), 1))
+        stats.record_no_native(op, len(out))
         return
     start = time.perf_counter()
     ref = None
@@ -269,7 +269,7 @@ def chunk_cat(
     if module is None:
         with inside():
             torch._chunk_cat(list(tensors), dim, num_chunks, out=out)
-        stats.record_passthrough(op, "no_native", max(len(tensors), 1))
+        stats.record_no_native(op, len(tensors))
         return
     start = time.perf_counter()
     ref = None

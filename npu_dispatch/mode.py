@@ -131,12 +131,13 @@ _KEEP_ALIVE: list = []
 
 
 def _pairs(args, kwargs) -> int:
-    """The pairs of an owned op's call, for its stats: the length of its first tensor list in
-    schema order (the copy-out's ``out``, chunk_cat's ``tensors``, a foreach copy's ``self``), as
-    csrc/dispatch/intercept.cpp ``first_list_length`` counts them; 1 where it has none."""
+    """The pairs of an owned op's call, for its stats, where the native library (which counts
+    them: csrc/dispatch/intercept.h ``first_list_length``) is missing: the length of its first
+    tensor list in schema order (the copy-out's ``out``, chunk_cat's ``tensors``, a foreach
+    copy's ``self``), 1 where it has none."""
     for a in (*args, *kwargs.values()):
-        if isinstance(a, (list, tuple)):
-            return max(len(a), 1)
+        if isinstance(a, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in a):
+            return len(a)
     return 1
 
 
@@ -160,7 +161,7 @@ def _install_no_native_counters(owned) -> None:
             if modes and not engine.busy():
                 if modes[-1].strict:
                     raise engine.no_native_error(name)
-                modes[-1].stats.record_passthrough(name, "no_native", _pairs(args, kwargs))
+                modes[-1].stats.record_no_native(name, _pairs(args, kwargs))
                 with engine.inside():  # counted: an owned op the kernel calls is not counted again
                     return op.redispatch(keyset & _AFTER_BACKEND_SELECT, *args, **kwargs)
             return op.redispatch(keyset & _AFTER_BACKEND_SELECT, *args, **kwargs)
@@ -223,6 +224,11 @@ class _DebugMode(TorchDispatchMode):
         own = sum(1 for m in _entered() if isinstance(m._backend, _DebugBackend))
         return self._in_reach() > own
 
+    def _passthrough(self, func, name, why, args, kwargs) -> None:
+        """Count a call handed to stock whole, as the C++ interception counts its passthroughs."""
+        r = _native.module().passthrough_counts(func.name(), why, *args, **kwargs)
+        self.stats.record_counts(name, r.paths, r.reasons, 0.0, r.fast, r.fallback)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         entry = _TABLE.get(id(func))
         kwargs = kwargs or {}
@@ -234,15 +240,15 @@ class _DebugMode(TorchDispatchMode):
             return func(*args, **kwargs)
         _, handler, name = entry
         if handler is None:
-            self.stats.record_passthrough(name, "schema", _pairs(args, kwargs))
+            self._passthrough(func, name, "schema", args, kwargs)
             return func(*args, **kwargs)
         if torch._C._len_torch_dispatch_stack() and _infra_mode_below():
             # make_fx's proxy mode (tracing_mode="real"), FakeTensorMode or functionalization sits
             # below every user mode and must see the op itself to record it.
-            self.stats.record_passthrough(name, "infra_mode", _pairs(args, kwargs))
+            self._passthrough(func, name, "infra_mode", args, kwargs)
             return func(*args, **kwargs)
         if types and any(t is not torch.Tensor for t in types):
-            self.stats.record_passthrough(name, "subclass", _pairs(args, kwargs))
+            self._passthrough(func, name, "subclass", args, kwargs)
             if all(t is torch.Tensor or is_traceable_wrapper_subclass_type(t) for t in types):
                 # A wrapper subclass (DTensor, TwoTensor...) unwraps itself; the plain-tensor
                 # copies it issues come back to this mode.
@@ -251,7 +257,7 @@ class _DebugMode(TorchDispatchMode):
         if self.other_modes(name):
             # Another Python dispatch mode was on the stack at the call: without this one, the
             # call would reach it, and its handler's own call run below ADInplaceOrView.
-            self.stats.record_passthrough(name, "dispatch_mode", _pairs(args, kwargs))
+            self._passthrough(func, name, "dispatch_mode", args, kwargs)
             return func(*args, **kwargs)
         if name in self._marked and self._in_reach() >= 0:
             # The caller had ADInplaceOrView in reach: so does the work done for it here, as at

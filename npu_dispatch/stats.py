@@ -117,9 +117,12 @@ class CopyStats:
                 row[0] += pairs
                 row[1] += 1
 
-    def record_passthrough(self, op: str, kind: str, pairs: int) -> None:
-        """A call handed to the stock op whole before planning (``no_native``, ``schema``...)."""
-        self.record_counts(op, {"stock": (pairs, 0, pairs)}, {kind: pairs}, 0.0, fast=False, fallback=True)
+    def record_no_native(self, op: str, pairs: int) -> None:
+        """A call handed to the stock op whole because the native library is missing, counted as
+        the library counts every such call (csrc/planner/execute.h ``stock_counts``: one launch a
+        pair, a call of no pairs counting one)."""
+        pairs = max(pairs, 1)
+        self.record_counts(op, {"stock": (pairs, 0, pairs)}, {"no_native": pairs}, 0.0, fast=False, fallback=True)
 
     def add_totals(self, op: str, calls: int, fast_calls: int, fallback_calls: int, seconds: float,
                    paths: dict, fallbacks: dict) -> None:

@@ -11,6 +11,7 @@ from torch.testing._internal.two_tensor import TwoTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import npu_dispatch as nd
+from npu_dispatch import _native
 from cases import Case, interception_only, Pair, assert_same, bits, build, cases, mode_copy, run, stock_copy
 
 f32, bf16 = torch.float32, torch.bfloat16
@@ -552,3 +553,28 @@ def test_stats_say_which_op_took_which_path_and_the_totals_add_up():
     for path, total in d["paths"].items():
         assert total["pairs"] == sum(v["paths"].get(path, {}).get("pairs", 0) for v in d["ops"].values())
     assert d["fallbacks"] == {"strides": {"pairs": 1, "calls": 1}}
+
+
+@pytest.mark.parametrize("op", ["foreach_copy_", "copy_out"])
+def test_the_debugging_modes_passthrough_counts_as_the_interception_counts(op):
+    # Another dispatch mode on the stack at the call: the debugging mode hands it to stock whole and
+    # counts it as the C++ interception counts a passthrough: its first tensor list's pairs (the
+    # copy-out's out, not its int sizes), one launch each, under a reason C++ lists.
+    if not _native.available():
+        pytest.skip("the debugging mode's passthrough counts are the native library's")
+    import torch.distributed.fsdp._fully_shard._fsdp_collectives  # noqa: F401  registers fsdp::
+
+    src = torch.arange(24.0).view(2, 12)
+    outs = [torch.zeros(2, 2), torch.zeros(2, 4), torch.zeros(2, 6)]
+    mode = nd.NpuFastCopyMode(verify=True)
+    with mode, _Passthrough():
+        if op == "copy_out":
+            torch.ops.fsdp.split_with_sizes_copy(src, [2, 4, 6], dim=1, out=outs)
+        else:
+            torch._foreach_copy_(outs, [torch.ones(2, 2), torch.ones(2, 4), torch.ones(2, 6)])
+    d = mode.stats.as_dict()
+    assert d["fallback_reasons"] == {"dispatch_mode": 3}
+    assert d["paths"]["stock"] == {"calls": 1, "pairs": 3, "tensors": 3, "bytes": 0, "launches": 3}
+    assert "dispatch_mode" in _native.module().names()["kinds"]
+    want = list(src.split([2, 4, 6], dim=1)) if op == "copy_out" else [torch.ones_like(o) for o in outs]
+    assert all(torch.equal(o, w) for o, w in zip(outs, want))

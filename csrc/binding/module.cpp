@@ -1,6 +1,7 @@
 // The extension module: pybind11 bindings of every entry but the hand-written hot ones
 // (binding/direct_entry.h). C++ errors reach Python as torch's own (type and message), and C++
 // warnings as Python warnings (torch::wrap_pybind_function).
+#include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/extension.h>
 
 #include <optional>
@@ -30,6 +31,13 @@ using Tensors = std::vector<at::Tensor>;
 bool bump_or_stock_rule(std::optional<bool> bump) { return bump.value_or(bumps_here()); }
 
 pyb::tuple fact(const Fact& f) { return pyb::make_tuple(f.name, f.holds, f.detail); }
+
+Kind kind_named(const std::string& name) {
+  for (int k = 0; k < kNumKinds; ++k) {
+    if (name == kKindNames[k]) return static_cast<Kind>(k);
+  }
+  TORCH_CHECK(false, "npu_dispatch: no such reason: ", name);
+}
 
 }  // namespace
 }  // namespace npu_dispatch::binding
@@ -88,6 +96,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "The outputs stock's functional _foreach_copy allocates for these destinations (planner/copy_call.h).");
   m.def("foreach_copy_bumps_here", torch::wrap_pybind_function([](const Tensors& dsts) { return foreach_copy_bumps_here(dsts); }),
         "Whether stock's _foreach_copy_ called here bumps the destinations.");
+  m.def("passthrough_counts",
+        [](const std::string& qualified, const std::string& why, const pyb::args& args, const pyb::kwargs& kwargs) {
+          // The result of a call the Python paths hand to stock whole, counted as the interception's
+          // passthrough counts one (dispatch/intercept.h first_list_length, planner/execute.h).
+          const auto [name, overload] = split_qualified(qualified);
+          const auto op = c10::Dispatcher::singleton().findOp(c10::OperatorName(std::string(name), std::string(overload)));
+          TORCH_CHECK(op.has_value(), "npu_dispatch: no such op: ", qualified);
+          const auto stack = torch::jit::createStackForSchema(op->schema(), args, kwargs, std::nullopt);
+          return stock_counts(kind_named(why), first_list_length(*op, stack), 0, /*bumped=*/false);
+        },
+        "The CallResult of a call of `qualified` handed to stock whole for reason `why`.");
   m.def("plan", torch::wrap_pybind_function([](const Tensors& dsts, const Tensors& srcs) { return plan(plan_of(dsts, srcs)); }),
         "The plan of one _foreach_copy_, as a dict; nothing is written.");
 

@@ -127,7 +127,7 @@ void copy_out_kernel(c10::DispatchKeySet ks, const at::Tensor& src, c10::SymIntA
   auto counts = copy_out(src, *concrete, dim, out, false, bumps_here(), &why);
   if (!counts) {
     to_stock(op, ks, src, sizes, dim, out);
-    counts = stock_counts(why, std::max<int64_t>(static_cast<int64_t>(out.size()), 1), total_bytes(out));
+    counts = stock_counts(why, static_cast<int64_t>(out.size()), total_bytes(out));
   }
   s->stats->record(kOp, *counts, now_ns() - t0);
 }
@@ -147,7 +147,7 @@ void serve_chunk_cat(const c10::TypedOperatorHandle<Fn>& op, CountedOp counted, 
   auto counts = serve(&why);
   if (!counts) {
     to_stock(op, ks, tensors, dim, num_chunks, out);
-    counts = stock_counts(why, std::max<int64_t>(static_cast<int64_t>(tensors.size()), 1), total_bytes({out}));
+    counts = stock_counts(why, static_cast<int64_t>(tensors.size()), total_bytes({out}));
   }
   s->stats->record(counted, *counts, now_ns() - t0);
 }
@@ -176,17 +176,6 @@ void fsdp_chunk_cat_mixed(c10::DispatchKeySet ks, at::TensorList tensors, int64_
   serve_chunk_cat(op, kOp, ks, tensors, dim, num_chunks, out, [&](Kind* why) {
     return chunk_cat_mixed(tensors, dim, num_chunks, out, false, bumps_here(), why);
   });
-}
-
-// The pairs a call handed to stock whole counts: its first tensor list's length, in schema order
-// (the copy-out's out, chunk_cat's tensors, a foreach copy's self), at least 1; as the refused
-// calls above and npu_dispatch/mode.py _pairs count them.
-int64_t first_list_length(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
-  const size_t nargs = op.schema().arguments().size();
-  for (size_t k = stack.size() - nargs; k < stack.size(); ++k) {
-    if (stack[k].isTensorList()) return std::max<int64_t>(static_cast<int64_t>(stack[k].toTensorList().size()), 1);
-  }
-  return 1;
 }
 
 void passthrough(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
@@ -220,6 +209,14 @@ torch::Library* library(const std::string& ns) {
 }
 
 }  // namespace
+
+int64_t first_list_length(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const size_t nargs = op.schema().arguments().size();
+  for (size_t k = stack.size() - nargs; k < stack.size(); ++k) {
+    if (stack[k].isTensorList()) return static_cast<int64_t>(stack[k].toTensorList().size());
+  }
+  return 1;
+}
 
 void install_interception(const std::vector<std::string>& served) {
   static std::mutex m;

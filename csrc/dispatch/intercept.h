@@ -8,6 +8,8 @@
 // ATen's, FSDP's Python kernel. Ops not listed here never meet this library.
 #pragma once
 
+#include <ATen/core/dispatch/Dispatcher.h>
+
 #include <string>
 #include <vector>
 
@@ -18,6 +20,11 @@ namespace npu_dispatch {
 // with the row's schema, which npu_dispatch/mode.py checks). Once per op; the registration lasts
 // the process, and a kernel with no mode entered only redispatches.
 void install_interception(const std::vector<std::string>& served);
+// The pairs a call handed to stock whole counts (stock_counts, planner/execute.h): the length of its
+// first tensor list in schema order (the copy-out's out, chunk_cat's tensors, a foreach copy's
+// self), 1 where it has none. `stack` holds the call's arguments last.
+int64_t first_list_length(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
+
 // For an owned op whose installed schema is not the one this library serves: a boxed kernel
 // that counts each call inside a mode (reason "schema") and redispatches it unchanged, any owned
 // op its kernel calls passing the interception by. `qualified`: "ns::name[.overload]".

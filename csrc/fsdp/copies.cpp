@@ -464,7 +464,7 @@ CallResult serve_or_stock(bool strict, int64_t pairs, Serve serve, Stock stock) 
 CallResult copy_out_or_stock(const at::Tensor& src, c10::IntArrayRef sizes, int64_t dim, at::TensorList out,
                              bool strict, bool bump) {
   return serve_or_stock(
-      strict, std::max<int64_t>(static_cast<int64_t>(out.size()), 1),
+      strict, static_cast<int64_t>(out.size()),
       [&](Kind* why) { return copy_out(src, sizes, dim, out, strict, bump, why); },
       [&] {
         at::split_with_sizes_copy_out(out, src, sizes, dim);
@@ -478,7 +478,7 @@ CallResult copy_out_or_stock(const at::Tensor& src, c10::IntArrayRef sizes, int6
 CallResult chunk_cat_or_stock(at::TensorList tensors, int64_t dim, int64_t num_chunks, const at::Tensor& out,
                               bool strict, bool bump, bool mixed) {
   return serve_or_stock(
-      strict, std::max<int64_t>(static_cast<int64_t>(tensors.size()), 1),
+      strict, static_cast<int64_t>(tensors.size()),
       [&](Kind* why) {
         return mixed ? chunk_cat_mixed(tensors, dim, num_chunks, out, strict, false, why)
                      : chunk_cat(tensors, dim, num_chunks, out, strict, bump, why);

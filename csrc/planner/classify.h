@@ -17,9 +17,8 @@
 
 namespace npu_dispatch {
 
-// Why pairs (or a whole call) leave the fast path. Python sees them by name only (kKindNames,
-// exported by binding/to_python.cpp); its mode adds call-level reasons of its own paths
-// (no_native, dispatch_mode, infra_mode: npu_dispatch/mode.py).
+// Why pairs (or a whole call) leave the fast path: every reason the library reports, its Python
+// paths' included. Python sees them by name only (kKindNames, exported by binding/to_python.cpp).
 enum class Kind : int8_t {
   None = -1,
   NotTensor = 0,
@@ -41,6 +40,11 @@ enum class Kind : int8_t {
   WholeListOp,  // whole call: a whole_list_only device (CUDA) that stock copies pair by pair
   Schema,  // whole call: an intercepted op whose installed schema this library was not written for
   DeviceOp,  // whole call: an FSDP copy the device's own op makes in one call, fewer launches than its pieces
+  // Whole calls the Python paths hand to stock (npu_dispatch/mode.py, engine.py): no native library,
+  // an infrastructure mode below (proxy, fake, functionalization), another dispatch mode on the stack.
+  NoNative,
+  InfraMode,
+  DispatchMode,
   Count,
 };
 constexpr int kNumKinds = static_cast<int>(Kind::Count);
@@ -48,14 +52,14 @@ constexpr int kNumKinds = static_cast<int>(Kind::Count);
 inline constexpr const char* kKindNames[] = {
     "not_tensor", "subclass", "no_storage", "requires_grad", "layout", "meta", "may_raise", "aliasing", "broadcast", "device", "not_dense",
     "strides", "conj_neg", "dtype", "no_capability", "order_dependent", "whole_list_op", "schema",
-    "device_op",
+    "device_op", "no_native", "infra_mode", "dispatch_mode",
 };
 static_assert(sizeof(kKindNames) / sizeof(kKindNames[0]) == kNumKinds, "a name per Kind");
 
 // `sub` of a reason: which tensor or which variant, for the reason text only
 // (npu_dispatch/_native_plan.py names them).
 enum Sub : int8_t {
-  kSubDst = 0, kSubSrc = 1,              // the side (subclass, layout, no_storage, not_dense)
+  kSubDst = 0, kSubSrc = 1,              // the side (subclass, layout, no_storage, not_dense, whole_list_op)
   kSubNoBroadcast = 0,                   // may_raise: shapes that do not broadcast
   kSubInternalOverlap = 1,               // may_raise: a destination that overlaps itself
   kSubOddDtype = 2,                      // may_raise: a dtype copy_ may raise on
@@ -76,6 +80,7 @@ inline std::string sub_name(Kind k, int8_t sub) {
     case Kind::NoStorage:
     case Kind::Layout:
     case Kind::NotDense:
+    case Kind::WholeListOp:
       return kSide[sub == kSubDst ? 0 : 1];
     case Kind::MayRaise:
       return sub >= 0 && sub <= kSubEmptyWrite ? kMayRaise[sub] : "";

@@ -78,7 +78,7 @@ DeviceBatching device_batching(at::TensorList dsts, at::TensorList srcs, bool no
     r.of_group.push_back(batch);
     for (const int64_t i : g) r.of_pair[i] = batch;
     const auto n = static_cast<int64_t>(g.size());
-    r.launches += batch == DeviceBatch::Batched ? r.cap->launches(n) : batch == DeviceBatch::Transfer ? 1 : n;
+    r.launches += batch_launches(batch, n, *r.cap);
   }
   return r;
 }

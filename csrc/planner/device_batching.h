@@ -30,6 +30,11 @@ struct DeviceBatching {
   int64_t launches = 0;  // what the device op issues for the whole list
 };
 
+// Launches the device's own op issues for a group of `n` pairs it sends as `batch`.
+inline int64_t batch_launches(DeviceBatch batch, int64_t n, const Capability& cap) {
+  return batch == DeviceBatch::Batched ? cap.launches(n) : batch == DeviceBatch::Transfer ? 1 : n;
+}
+
 // Lists must be non-empty and of equal length.
 DeviceBatching device_batching(at::TensorList dsts, at::TensorList srcs, bool non_blocking, const CapabilityTable& caps);
 

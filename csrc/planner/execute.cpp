@@ -276,6 +276,7 @@ CallResult execute(const Plan& p, at::TensorList dsts, at::TensorList srcs, bool
 }
 
 CallResult stock_counts(Kind why, int64_t pairs, int64_t bytes, bool bumped) {
+  pairs = std::max<int64_t>(pairs, 1);
   CallResult v;
   v.executed = true;
   v.bumped = bumped;
@@ -285,6 +286,7 @@ CallResult stock_counts(Kind why, int64_t pairs, int64_t bytes, bool bumped) {
 }
 
 CallResult blocked_counts(Kind why, int64_t pairs) {
+  pairs = std::max<int64_t>(pairs, 1);
   CallResult v;
   v.blocked = true;
   v.reason(why) = pairs;

@@ -55,8 +55,9 @@ struct CallResult {
 };
 
 // The one builder of the result of a call handed to stock whole before any plan ran, for `why`
-// (its pairs are that reason's, one launch each): the interception's passthrough, the lazy-bit
-// lists, the FSDP copies that stay stock's. `bumped`: stock's call made the version bumps.
+// (its pairs are that reason's, one launch each; a call of no pairs counts one): the
+// interception's passthrough, the lazy-bit lists, the FSDP copies that stay stock's, the Python
+// paths' passthroughs. `bumped`: stock's call made the version bumps.
 CallResult stock_counts(Kind why, int64_t pairs, int64_t bytes, bool bumped = true);
 
 // The result of a strict call refused for `why` (blocked; nothing written).

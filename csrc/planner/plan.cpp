@@ -53,7 +53,10 @@ class Planner {
     const int64_t lazy = lazy_bit_dst(dsts_);
     if (lazy >= 0) return stock(Kind::ConjNeg, lazy, 0);
     int64_t whole_at = -1;
-    if (const Capability* whole = whole_list_capability(&whole_at)) return whole_list(*whole, whole_at);
+    int8_t whole_side = kSubDst;
+    if (const Capability* whole = whole_list_capability(&whole_at, &whole_side)) {
+      return whole_list(*whole, whole_at, whole_side);
+    }
     dst_iv_.reserve(dsts_.size());
     src_iv_.reserve(dsts_.size());
     for (int64_t i = 0; i < plan_.n; ++i) {
@@ -139,7 +142,8 @@ class Planner {
       if (r.of_group[g] != DeviceBatch::Transfer) continue;
       const auto begin = static_cast<int64_t>(plan_.group_members.size());
       plan_.group_members.insert(plan_.group_members.end(), r.groups[g].begin(), r.groups[g].end());
-      plan_.groups.push_back({begin, static_cast<int64_t>(plan_.group_members.size()), 1, true});
+      plan_.groups.push_back({begin, static_cast<int64_t>(plan_.group_members.size()),
+                              batch_launches(DeviceBatch::Transfer, static_cast<int64_t>(r.groups[g].size()), *cap), true});
       for (const int64_t i : r.groups[g]) moved[i] = 1;
     }
     auto gone = [&](int64_t i) { return moved[i] != 0; };
@@ -150,8 +154,9 @@ class Planner {
   }
 
   // The first whole_list_only device type among the tensors
-  // (dsts, then srcs), where every tensor is a plain strided one; `at` gets its pair index.
-  const Capability* whole_list_capability(int64_t* at) {
+  // (dsts, then srcs), where every tensor is a plain strided one; `at` gets its pair index and
+  // `side` its side (kSubDst, kSubSrc).
+  const Capability* whole_list_capability(int64_t* at, int8_t* side) {
     const Capability* found = nullptr;
     const int64_t n = plan_.n;
     for (int64_t k = 0; k < 2 * n; ++k) {
@@ -163,6 +168,7 @@ class Planner {
         if (cap != nullptr && cap->whole_list) {
           found = cap;
           *at = k < n ? k : k - n;
+          *side = k < n ? kSubDst : kSubSrc;
         }
       }
     }
@@ -187,8 +193,8 @@ class Planner {
 
   // Stock takes the call whole, as one foreach group of every pair
   // (empties included) where it batches the list, else as its per-pair copy_ loop.
-  Plan whole_list(const Capability& cap, int64_t at) {
-    if (!stock_batches()) return stock(Kind::WholeListOp, at, 0);
+  Plan whole_list(const Capability& cap, int64_t at, int8_t side) {
+    if (!stock_batches()) return stock(Kind::WholeListOp, at, side);
     plan_.whole_list = true;
     for (int64_t i = 0; i < plan_.n; ++i) plan_.group_members.push_back(i);
     plan_.groups.push_back({0, plan_.n, cap.launches(plan_.n), false});
