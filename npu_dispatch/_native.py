@@ -157,10 +157,13 @@ def _load(verbose: bool = False) -> None:
         return
     _build_seconds = time.perf_counter() - start
     # The C++ CPU kernel copies every CPU group of a call in one pass: one launch per group,
-    # where ATen's CPU _foreach_copy_ issues one copy_ per tensor.
+    # where ATen's CPU _foreach_copy_ issues one copy_ per tensor; it takes the dtype pairs it
+    # copies as stock does (its self-check decides), the rest stay stock's copy_ pair by pair.
     cpu = capabilities.lookup_default("cpu")
+    pairs = module.kernel_pairs()
     capabilities.set_default("cpu", dataclasses.replace(
-        cpu, max_tensors_per_launch=1 << 30, host_pass=True, source="npu_dispatch multi-tensor CPU kernel (csrc/)"))
+        cpu, dtypes=frozenset(s for s, d in pairs if s == d), cross_pairs=frozenset((s, d) for s, d in pairs if s != d),
+        max_tensors_per_launch=1 << 30, host_pass=True, source="npu_dispatch multi-tensor CPU kernel (csrc/)"))
     _module = module
     _stats.set_paths(_names["paths"])
     capabilities.on_change(push_capabilities)
@@ -198,9 +201,11 @@ def push_capabilities() -> None:
             native.batched_keeps_versions = cap.batched_keeps_versions
             native.max_per_launch = cap.max_tensors_per_launch or 0
             native.stage_bytes = cap.stage_bytes
-            for d in cap.dtypes:
+            # None: every dtype (pair) the C++ rule lets leave stock.
+            native.allow_copy_dtypes(cap.dtypes is None, cap.cross_pairs is None)
+            for d in cap.dtypes or ():
                 native.allow(d, d)
-            for s, d in cap.cross_pairs:
+            for s, d in cap.cross_pairs or ():
                 native.allow(s, d)
         entries.append((name, native))
     _module.set_capabilities(entries)

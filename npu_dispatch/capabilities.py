@@ -13,12 +13,12 @@ Sources mirrored:
   stock itself sends there: its copy functor goes through the op math type (fp16/bf16 through
   fp32, which quiets a signalling NaN that per-pair ``copy_`` keeps), so a sub-list of a list stock
   copies pair by pair would change bits (seen on an H200; ``whole_list_only``).
-- cpu: ATen runs ``_foreach_copy_`` as a per-tensor loop of ``copy_``. Every pair is "supported":
-  the C++ kernel (csrc/cpu/) copies same-dtype pairs as bytes and converts fp32<->bf16/fp16 with
-  ATen's own vectorized routines, each conversion checked bit for bit against stock when the
-  library loads, and hands every other pair to stock. This entry is the one without the native
-  library (one launch per tensor); loading it replaces the entry with the kernel's (a host pass,
-  one launch per group: ``_native.load``).
+- cpu: ATen runs ``_foreach_copy_`` as a per-tensor loop of ``copy_``. This entry is the one
+  without the native library (one launch per tensor). Loading it replaces the entry with the C++
+  kernel's (csrc/cpu/; ``_native.load``): a host pass, one launch per group, taking the pairs the
+  kernel copies as stock does (same-dtype pairs as bytes, fp32<->bf16/fp16 with ATen's own
+  vectorized routines where the load's self-check found them bit for bit stock's); every other
+  pair is a fallback pair, stock's ``copy_``.
 """
 from __future__ import annotations
 
@@ -34,22 +34,6 @@ __all__ = ["Capability", "lookup", "table", "override", "npu_capability", "cann_
 
 _f32, _f16, _bf16 = torch.float32, torch.float16, torch.bfloat16
 
-# Every dtype a strided tensor can have that ``copy_`` handles on every backend.
-_ALL_DTYPES = frozenset(
-    {
-        torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-        torch.float16, torch.bfloat16, torch.float32, torch.float64,
-        torch.complex64, torch.complex128,
-    }
-)
-
-
-
-def _all_cross_pairs() -> frozenset:
-    # complex -> real pairs are listed but never looked up: the rule keeps them off the fast path
-    # first (csrc/planner/classify.h, dtype / complex_to_real).
-    return frozenset((s, d) for s in _ALL_DTYPES for d in _ALL_DTYPES if s != d)
-
 
 @dataclasses.dataclass(frozen=True)
 class Capability:
@@ -57,10 +41,12 @@ class Capability:
 
     Attributes:
         name: device type the rules come from, used in fallback reasons ("npu", "cuda", "cpu").
-        dtypes: source dtypes the kernel takes for same-dtype copies.
-        cross_pairs: ``(src_dtype, dst_dtype)`` pairs the kernel converts natively. A complex ->
-            real pair stays off the fast path whatever the table lists (the rule,
-            csrc/planner/classify.h: stock warns per copy there).
+        dtypes: source dtypes the kernel takes for same-dtype copies; ``None``: every dtype the
+            rule lets leave stock (those ``copy_`` never raises on: csrc/planner/classify_impl.h
+            ``copy_dtype``).
+        cross_pairs: ``(src_dtype, dst_dtype)`` pairs the kernel converts natively; ``None``:
+            every pair of those dtypes. A complex -> real pair stays off the fast path whatever the
+            table lists (the rule, csrc/planner/classify.h: stock warns per copy there).
         max_tensors_per_launch: tensor pairs one launch can carry; ``None`` means one launch per
             tensor (a host loop, as on CPU).
         source: where the rules come from, shown by ``doctor``.
@@ -84,8 +70,8 @@ class Capability:
     """
 
     name: str
-    dtypes: frozenset
-    cross_pairs: frozenset
+    dtypes: frozenset | None
+    cross_pairs: frozenset | None
     max_tensors_per_launch: int | None
     source: str = ""
     whole_list_only: bool = False
@@ -171,8 +157,8 @@ def cann_version() -> str | None:
 
 def _defaults() -> dict[str, Capability]:
     return {
-        "cpu": Capability("cpu", _ALL_DTYPES, _all_cross_pairs(), None, "ATen copy_ loop"),
-        "cuda": Capability("cuda", _ALL_DTYPES, _all_cross_pairs(), 110, "ATen multi_tensor_apply",
+        "cpu": Capability("cpu", None, None, None, "ATen copy_ loop"),
+        "cuda": Capability("cuda", None, None, 110, "ATen multi_tensor_apply",
                            whole_list_only=True),
     }
 

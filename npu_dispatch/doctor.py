@@ -122,8 +122,8 @@ def _devices() -> list[str]:
 def _fmt_cap(cap) -> str:
     if cap is None:
         return "no fast path"
-    dts = ", ".join(sorted(str(d).removeprefix("torch.") for d in cap.dtypes))
-    pairs = len(cap.cross_pairs)
+    dts = "every copy dtype" if cap.dtypes is None else ", ".join(sorted(str(d).removeprefix("torch.") for d in cap.dtypes))
+    pairs = "every pair" if cap.cross_pairs is None else len(cap.cross_pairs)
     per = "one per tensor" if cap.max_tensors_per_launch is None else f"{cap.max_tensors_per_launch} tensors"
     return f"launch: {per}; dtypes: {dts}; cross-dtype pairs: {pairs}; from {cap.source}"
 

@@ -248,11 +248,12 @@ class _DebugMode(TorchDispatchMode):
             self._passthrough(func, name, "infra_mode", args, kwargs)
             return func(*args, **kwargs)
         if types and any(t is not torch.Tensor for t in types):
-            self._passthrough(func, name, "subclass", args, kwargs)
             if all(t is torch.Tensor or is_traceable_wrapper_subclass_type(t) for t in types):
                 # A wrapper subclass (DTensor, TwoTensor...) unwraps itself; the plain-tensor
-                # copies it issues come back to this mode.
+                # copies it issues come back to this mode and are counted then, as the C++
+                # interception counts only them.
                 return NotImplemented
+            self._passthrough(func, name, "subclass", args, kwargs)
             return func(*args, **kwargs)
         if self.other_modes(name):
             # Another Python dispatch mode was on the stack at the call: without this one, the

@@ -3,8 +3,9 @@
 (``csrc/planner/plan.cpp``); nothing here decides which pair takes which path.
 
 Paths, in the order the executor issues them:
-- ``coalesced``: a *run* of consecutive pairs whose destinations are contiguous and adjacent in one
-  storage, and whose sources are too, with one dtype pair: one flat copy (FSDP's copy-in).
+- ``coalesced``: a *run* of pairs, in list order, whose destinations are contiguous and adjacent in
+  one storage, and whose sources are too, with one device and dtype pair (empty and fallback pairs
+  between them do not break it): one flat copy (FSDP's copy-in; csrc/planner/runs.h).
 - ``foreach``: the remaining fast-route pairs, grouped by (device, src dtype, dst dtype); each
   group goes to the device's native batched kernel (ATen ``_foreach_copy_``; on CPU, the
   library's multi-tensor kernel).
@@ -23,8 +24,8 @@ Paths, in the order the executor issues them:
   other layouts go to the stock op itself.
 - ``empty``: zero-element pairs; stock ``copy_`` does nothing for them either.
 
-On a device whose kernel batches many pairs a launch (npu), a coalesced run is kept only where it
-issues fewer launches than its pairs joining their foreach group. Where the device's own op batches
+On a device whose kernel batches many pairs a launch (npu), a coalesced run is dropped (its pairs
+join their foreach group) only where that issues fewer launches; a tie keeps the flat copy. Where the device's own op batches
 lists itself (op-plugin: ``csrc/planner/device_batching.h``), a source-dtype group it sends as one batched
 host<->device memcpy is a *transfer group* handed to it as it is, and a whole-stock call (or one
 none of whose pairs has a fast path) goes to that op whole, with its launches, bytes and errors.

@@ -578,3 +578,20 @@ def test_the_debugging_modes_passthrough_counts_as_the_interception_counts(op):
     assert "dispatch_mode" in _native.module().names()["kinds"]
     want = list(src.split([2, 4, 6], dim=1)) if op == "copy_out" else [torch.ones_like(o) for o in outs]
     assert all(torch.equal(o, w) for o, w in zip(outs, want))
+
+
+def test_a_wrapper_subclass_is_counted_by_its_inner_copies_in_both_modes():
+    # A wrapper subclass unwraps itself and its plain-tensor copies come back: the debugging mode
+    # counts those, as the C++ interception does, not the wrapper's call as well.
+    if not _native.available():
+        pytest.skip("the debugging mode's counts are the native library's")
+    counted = []
+    for verify in (False, True):
+        a, b = TwoTensor(torch.zeros(6), torch.zeros(6)), TwoTensor(torch.ones(6), torch.full((6,), 2.0))
+        mode = nd.NpuFastCopyMode(verify=verify)
+        with mode:
+            torch._foreach_copy_([a], [b])
+        assert torch.equal(a.a, b.a) and torch.equal(a.b, b.b)
+        d = mode.stats.as_dict()
+        counted.append(({op: v["calls"] for op, v in d["ops"].items()}, d["fallback_reasons"], d["paths"]))
+    assert counted[0] == counted[1] and counted[1][0] == {"aten._foreach_copy_": 2} and counted[1][1] == {}

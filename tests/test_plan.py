@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import npu_dispatch as nd
+from npu_dispatch import _native
 from npu_dispatch.capabilities import Capability, npu_capability, override
 
 f32, f16, bf16, f64 = torch.float32, torch.float16, torch.bfloat16, torch.float64
@@ -211,3 +212,27 @@ def test_explain_says_whether_strict_refuses_the_call(make, want):
     except nd.FastCopyFallbackError:
         refused = True
     assert refused is want
+
+
+_COPY_DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+                torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128]
+
+
+def test_the_cpu_entry_is_the_kernels_pairs_and_cuda_takes_every_pair_the_rule_admits():
+    # CUDA's dtypes are the rule's own (None: csrc/planner/classify_impl.h copy_dtype); the CPU
+    # entry holds the pairs the CPU kernel copies as stock does (its self-check): each of those is
+    # a foreach pair, every other pair a dtype fallback, complex -> real one by the rule.
+    cuda = nd.capabilities.lookup_default("cuda")
+    assert cuda.dtypes is None and cuda.cross_pairs is None
+    cpu = nd.capabilities.lookup_default("cpu")
+    kernel = set(_native.module().kernel_pairs())
+    assert {(d, d) for d in cpu.dtypes} | set(cpu.cross_pairs) == kernel
+    assert (torch.float32, torch.float32) in kernel and (torch.bool, torch.bool) not in kernel
+    assert (torch.int32, torch.float32) not in kernel
+    for s in _COPY_DTYPES:
+        for d in _COPY_DTYPES:
+            p = nd.explain([torch.zeros(3, dtype=d)], [torch.ones(3, dtype=s)])
+            if (s, d) in kernel:
+                assert [g.indices for g in p.groups] == [[0]] and p.fallback == [], (s, d)
+            else:
+                assert p.groups == [] and p.reasons[0][0] == "dtype", (s, d)

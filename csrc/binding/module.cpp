@@ -140,6 +140,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("names", &names, "The names of reason kinds, paths and counted ops.");
   m.def("self_check", torch::wrap_pybind_function([] { return conversion_checks(self_check()); }),
         "Which CPU conversions matched stock at load.");
+  m.def("kernel_pairs", torch::wrap_pybind_function([] {
+          // Of the dtypes the rule lets leave stock (planner/classify.h copy_dtype).
+          std::vector<std::pair<at::ScalarType, at::ScalarType>> out;
+          for (const auto& [s, d] : kernel_pairs()) {
+            if (copy_dtype(s) && copy_dtype(d)) out.emplace_back(s, d);
+          }
+          return out;
+        }),
+        "The (src, dst) dtype pairs the CPU kernel copies as stock does, after the self-check.");
   m.def("info", [] {
     const KernelCounters k = kernel_counters();
     return pyb::dict(pyb::arg("kernel_passes") = k.passes, pyb::arg("kernel_items") = k.items,

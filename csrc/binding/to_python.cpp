@@ -59,6 +59,16 @@ void bind_types(pyb::module_& m) {
       .def_readwrite("stage_bytes", &Capability::stage_bytes)
       .def("allow", [](Capability& c, c10::ScalarType src, c10::ScalarType dst) {
         c.pairs.set(static_cast<int>(src) * kNumDtypes + static_cast<int>(dst));
+      })
+      .def("allow_copy_dtypes", [](Capability& c, bool same, bool cross) {
+        // The (src, dst) pairs of the dtypes the rule lets leave stock (planner/classify.h
+        // copy_dtype): the same-dtype ones, the cross-dtype ones, or both.
+        for (int s = 0; s < kNumDtypes; ++s) {
+          for (int d = 0; d < kNumDtypes; ++d) {
+            const bool ok = copy_dtype(static_cast<c10::ScalarType>(s)) && copy_dtype(static_cast<c10::ScalarType>(d));
+            if (ok && (s == d ? same : cross)) c.pairs.set(s * kNumDtypes + d);
+          }
+        }
       });
 }
 

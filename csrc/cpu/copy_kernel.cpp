@@ -209,6 +209,21 @@ bool CpuCopyBatch::dtype_op(at::ScalarType src, at::ScalarType dst, CopyOp* op, 
 
 const ConvertFns* iterator_f16_to_f32_fns() { return published_config()->iterator_f16_to_f32; }
 
+std::vector<std::pair<at::ScalarType, at::ScalarType>> kernel_pairs() {
+  std::vector<std::pair<at::ScalarType, at::ScalarType>> out;
+  const CpuCopyBatch batch;
+  const int n = static_cast<int>(at::ScalarType::NumOptions);
+  for (int s = 0; s < n; ++s) {
+    for (int d = 0; d < n; ++d) {
+      CopyOp op;
+      bool mergeable;
+      const auto st = static_cast<at::ScalarType>(s), dt = static_cast<at::ScalarType>(d);
+      if (batch.dtype_op(st, dt, &op, &mergeable)) out.emplace_back(st, dt);
+    }
+  }
+  return out;
+}
+
 const ConvertFns* CpuCopyBatch::fns(CopyOp op) const { return config_->ops[static_cast<int>(op)].fns; }
 
 void CpuCopyBatch::add_fbgemm_f16_to_f32(char* dst, const char* src, int64_t numel) {

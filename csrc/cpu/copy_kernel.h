@@ -88,6 +88,10 @@ class CpuCopyBatch {
   int64_t total_ = 0, moved_ = 0;
 };
 
+// The (src, dst) dtype pairs the kernel copies bit for bit as stock does (CpuCopyBatch::dtype_op),
+// by the configuration the self-check published: the CPU entry of the capability table.
+std::vector<std::pair<at::ScalarType, at::ScalarType>> kernel_pairs();
+
 // The conversion variant whose fp16 -> fp32 widening is ATen's copy kernel's (TensorIterator's loop,
 // which stock's cat casts with), as self_check() found it; nullptr before it or where none matched.
 const ConvertFns* iterator_f16_to_f32_fns();

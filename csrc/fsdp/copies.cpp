@@ -41,7 +41,7 @@ Kind host_pass_refusal(const c10::Device& device) {
   const Capability* cap = caps->get(device.type());
   if (cap == nullptr) return Kind::NoCapability;
   if (cap->whole_list) return Kind::WholeListOp;
-  return cap->host_pass ? Kind::None : Kind::DeviceOp;
+  return cpu_kernel_serves(device.type(), cap) ? Kind::None : Kind::DeviceOp;
 }
 
 // A device's copy-out: the rows as one _foreach_copy_ of 1-D views through the planner (its

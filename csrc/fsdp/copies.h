@@ -2,13 +2,16 @@
 // torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py calls them:
 //   fsdp::split_with_sizes_copy(all_gather_output.view(world, -1), sizes, dim=1, out=[...])
 //   fsdp::chunk_cat(grads, 0, world, out=reduce_scatter_input.view(world, -1))
-// The copy-out becomes a list of contiguous 1-D pieces (row r of parameter i): on a host-pass
-// device (CPU) the library's kernel copies them in one pass; on another device with a capability
-// they go to the one planner as a _foreach_copy_ of row views (its groups and the device's
-// batched kernel). chunk_cat on the CPU is one pass of fsdp/chunk_cat_kernel.h over out's elements
-// (each gradient's chunk, widened as it goes, and its zero padding); on other devices it stays
-// the device's own op (one call, fewer launches than its pieces). Anything else is refused
-// before a byte is written, and the caller runs stock's op.
+// Which path a device takes is one question of its capability (copies.cpp host_pass_refusal):
+// where the CPU kernel serves it (planner/capability_table.h cpu_kernel_serves), the copy-out's
+// contiguous 1-D pieces (row r of parameter i) are one pass of fsdp/copy_out_kernel.h and chunk_cat
+// one pass of fsdp/chunk_cat_kernel.h over out's elements (each gradient's chunk, widened as it
+// goes, and its zero padding). On another device with a capability that is not whole_list_only,
+// the copy-out's pieces go to the one planner as a _foreach_copy_ of row views (its groups and
+// the device's batched kernel), and chunk_cat stays the device's own op (device_op: one call,
+// fewer launches than its pieces). No capability (no_capability) or a whole_list_only device
+// (whole_list_op, CUDA: kernels of its own): stock's op. Anything refused is refused before a
+// byte is written, and the caller runs stock's op.
 #pragma once
 
 #include <ATen/core/Tensor.h>

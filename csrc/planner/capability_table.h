@@ -42,6 +42,12 @@ struct Capability {
   }
 };
 
+// Whether the library's CPU kernel (cpu/copy_kernel.h, fsdp/'s passes) copies a call's pairs on
+// this device: a host pass, on the CPU. Elsewhere the device's own kernels do.
+inline bool cpu_kernel_serves(c10::DeviceType type, const Capability* cap) {
+  return type == c10::DeviceType::CPU && cap != nullptr && cap->host_pass;
+}
+
 struct CapabilityTable {
   std::array<Capability, kNumDeviceTypes> entries{};
   const Capability* get(c10::DeviceType t) const {

@@ -1,7 +1,8 @@
 // The library's one eligibility rule: whether a copy pair may leave stock's op, which kernel takes
-// it, or why it stays stock's. The planner (plan.cpp), the one-pass plan (one_pass.cpp) and the
-// FSDP copies (fsdp/copies.cpp) all ask it; none decides on its own. Its hot half is inline (planner/classify_impl.h): the one-pass plan asks it for
-// every pair. The list-level rules are planner/spans.h (overlap between pairs) and planner/runs.h
+// it, or why it stays stock's. The planner (plan.cpp) and the one-pass plan (one_pass.cpp) ask it
+// for every pair; the FSDP copies (fsdp/copies.cpp) ask its tensor half for every tensor, then check
+// what their own ops require (shapes, one dtype, contiguous layouts). Its hot half is inline
+// (planner/classify_impl.h): the one-pass plan asks it for every pair. The list-level rules are planner/spans.h (overlap between pairs) and planner/runs.h
 // (coalescing and grouping).
 #pragma once
 
@@ -21,8 +22,7 @@ namespace npu_dispatch {
 // paths' included. Python sees them by name only (kKindNames, exported by binding/to_python.cpp).
 enum class Kind : int8_t {
   None = -1,
-  NotTensor = 0,
-  Subclass,
+  Subclass = 0,
   NoStorage,     // a strided tensor without storage (lazy, XLA): no address to plan with
   RequiresGrad,  // a tensor that requires grad under grad mode where the call skipped autograd: stock raises there
   Layout,
@@ -50,7 +50,7 @@ enum class Kind : int8_t {
 constexpr int kNumKinds = static_cast<int>(Kind::Count);
 // Kind's names, as stats, explain() and errors show them.
 inline constexpr const char* kKindNames[] = {
-    "not_tensor", "subclass", "no_storage", "requires_grad", "layout", "meta", "may_raise", "aliasing", "broadcast", "device", "not_dense",
+    "subclass", "no_storage", "requires_grad", "layout", "meta", "may_raise", "aliasing", "broadcast", "device", "not_dense",
     "strides", "conj_neg", "dtype", "no_capability", "order_dependent", "whole_list_op", "schema",
     "device_op", "no_native", "infra_mode", "dispatch_mode",
 };

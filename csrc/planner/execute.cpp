@@ -65,8 +65,9 @@ void write_defined_bf16_nan(const at::Tensor& d) {
 class Executor {
  public:
   Executor(const Plan& p, at::TensorList dsts, at::TensorList srcs, bool non_blocking,
-           CallResult& v, std::vector<uint8_t>* self_bumped, const std::vector<uint8_t>& kept)
-      : p_(p), dsts_(dsts), srcs_(srcs), non_blocking_(non_blocking), v_(v), self_bumped_(self_bumped), kept_(kept) {}
+           CallResult& v, std::vector<uint8_t>* self_bumped, const std::vector<uint8_t>& kept, const CapabilityTable& caps)
+      : p_(p), dsts_(dsts), srcs_(srcs), non_blocking_(non_blocking), v_(v), self_bumped_(self_bumped), kept_(kept),
+        caps_(caps) {}
 
   // Aliasing, a pair that may raise, a 0-dim conversion, meta tensors, a whole_list_only device's
   // list stock does not batch: stock's per-pair loop, a sequential copy_ loop,
@@ -113,7 +114,7 @@ class Executor {
       const int64_t* members = p_.run_members.data() + r.begin;
       const int64_t count = r.end - r.begin;
       const auto& d0 = dsts_[members[0]];
-      if (!d0.is_cpu()) {
+      if (!kernel_serves(d0)) {
         // One flat copy over the run: the same elementwise conversion stock applies per pair.
         const auto& s0 = srcs_[members[0]];
         auto flat_d = d0.as_strided({r.numel}, {1}, d0.storage_offset());
@@ -135,7 +136,7 @@ class Executor {
       int64_t bytes = 0;
       for (int64_t k = 0; k < count; ++k) bytes += tensor_bytes(dsts_[members[k]]);
       v_.path(kForeach).add(count, bytes, g.launches);
-      if (!dsts_[members[0]].is_cpu() || p_.whole_list || g.transfer) {
+      if (!kernel_serves(dsts_[members[0]]) || p_.whole_list || g.transfer) {
         // The device's own batched kernel (CUDA multi_tensor_apply, op-plugin aclnnForeachCopy).
         stock_pairs(members, count);
         continue;
@@ -218,6 +219,10 @@ class Executor {
 
  private:
   bool kept(size_t i) const { return !kept_.empty() && kept_[i]; }
+  bool kernel_serves(const at::Tensor& d) const {
+    const auto type = d.device().type();
+    return cpu_kernel_serves(type, caps_.get(type));
+  }
 
   // Sub-lists borrow: the caller's lists hold the references for the whole call.
   void stock_pairs(const int64_t* members, int64_t count) {
@@ -241,6 +246,7 @@ class Executor {
   CallResult& v_;
   std::vector<uint8_t>* self_bumped_;
   const std::vector<uint8_t>& kept_;  // stock_keeps_version: counters stock's own op leaves unmoved
+  const CapabilityTable& caps_;
   CpuCopyBatch batch_;
   BorrowedTensors sub_d_, sub_s_;
 };
@@ -260,7 +266,7 @@ CallResult execute(const Plan& p, at::TensorList dsts, at::TensorList srcs, bool
                                          : std::vector<uint8_t>();
   // The caller bumps none of the pairs stock leaves alone.
   for (size_t i = 0; i < kept.size(); ++i) (*self_bumped)[i] |= kept[i];
-  Executor ex(p, dsts, srcs, non_blocking, v, self_bumped, kept);
+  Executor ex(p, dsts, srcs, non_blocking, v, self_bumped, kept, caps);
   if (p.stock != Kind::None) {
     ex.stock(bump);
     v.bumped = true;

@@ -27,9 +27,10 @@ int64_t one_pass_calls() { return g_one_pass_calls.load(std::memory_order_relaxe
 bool OnePass::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* srcs, size_t n,
                        const CapabilityTable& caps, const RuleContext& rule) {
   cap_ = caps.get(c10::DeviceType::CPU);
-  // A whole_list_only entry (a test making CPU follow CUDA's rules), or one whose runs the planner
-  // may dissolve (a test giving CPU a batching device's entry): the planner decides.
-  if (cap_ == nullptr || cap_->whole_list || !keeps_every_run(*cap_)) return false;
+  // Only where the CPU kernel serves the CPU, a host pass that keeps every run (planner/runs.h
+  // keeps_every_run); another entry (a test giving CPU CUDA's or a batching device's rules): the
+  // planner decides.
+  if (!cpu_kernel_serves(c10::DeviceType::CPU, cap_) || cap_->whole_list) return false;
   dst_spans_.reserve(n);
   src_spans_.reserve(n);
   batch_.reserve(n);
@@ -82,8 +83,9 @@ bool OnePass::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* srcs
     const int64_t sbytes = numel * sitem;
     const auto du = reinterpret_cast<uintptr_t>(dptr);
     const auto su = reinterpret_cast<uintptr_t>(sptr);
-    const RunPair p{run_key(*d, *s), du, su, dbytes, sbytes, dst_storage.unsafeGetStorageImpl(),
-                    src_storage.unsafeGetStorageImpl()};
+    // Both on the CPU, whose index is always the default one.
+    const RunPair p{run_key(c10::Device(c10::DeviceType::CPU), st, dt), du, su, dbytes, sbytes,
+                    dst_storage.unsafeGetStorageImpl(), src_storage.unsafeGetStorageImpl()};
     const bool joins = cursor_.continues(p);
     // A Memcpy item counts bytes (WorkItem::n).
     const int64_t item_n = op == CopyOp::Memcpy ? dbytes : numel;

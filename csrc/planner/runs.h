@@ -16,11 +16,13 @@
 namespace npu_dispatch {
 
 // A pair's key: its destination's device and the (source, destination) dtypes, packed.
+inline uint32_t run_key(c10::Device device, c10::ScalarType src, c10::ScalarType dst) {
+  return static_cast<uint32_t>(static_cast<uint8_t>(device.type())) |
+         static_cast<uint32_t>(static_cast<uint8_t>(device.index())) << 8 |
+         static_cast<uint32_t>(static_cast<uint8_t>(src)) << 16 | static_cast<uint32_t>(static_cast<uint8_t>(dst)) << 24;
+}
 inline uint32_t run_key(const c10::TensorImpl& d, const c10::TensorImpl& s) {
-  return static_cast<uint32_t>(static_cast<uint8_t>(d.device_type())) |
-         static_cast<uint32_t>(static_cast<uint8_t>(d.device().index())) << 8 |
-         static_cast<uint32_t>(static_cast<uint8_t>(s.dtype().toScalarType())) << 16 |
-         static_cast<uint32_t>(static_cast<uint8_t>(d.dtype().toScalarType())) << 24;
+  return run_key(d.device(), s.dtype().toScalarType(), d.dtype().toScalarType());
 }
 
 // The device type of a key (run_key).
@@ -43,7 +45,7 @@ struct RunCursor {
   RunPair end{};  // the key and storages of the run, where it ends on each side
 
   bool continues(const RunPair& p) const {
-    return len > 0 && p.key == end.key && p.d == end.d && p.s == end.s && p.d_store == end.d_store &&
+    return p.d == end.d && p.s == end.s && len > 0 && p.key == end.key && p.d_store == end.d_store &&
            p.s_store == end.s_store;
   }
   // The pair joins the run (continues() true) or opens a new one.
@@ -63,7 +65,7 @@ struct RunCursor {
 // Whether every run of a device is kept as its own flat copy. On a device whose kernel batches many
 // pairs a launch and is no host pass, a run costs a launch its pairs might share with their group:
 // there the planner keeps the largest runs only while they issue fewer launches
-// (planner/plan.cpp dissolve_runs); the one-pass plan takes only devices that keep every run.
+// (planner/plan.cpp dissolve_runs); the one-pass plan takes only host passes, which keep every run.
 inline bool keeps_every_run(const Capability& cap) { return cap.max_per_launch == 0 || cap.host_pass; }
 
 // The index of `key`'s group in `keys` (any container of keys with size, operator[] and
