@@ -5,6 +5,7 @@ world sizes, empty shards, errors and partial writes, resize warnings, version c
 the direct ops, the mode's interception and its debugging modes."""
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import pytest
@@ -772,33 +773,67 @@ def test_on_a_device_without_a_host_pass_chunk_cat_stays_its_own_op_as_device_op
     assert ops["fsdp.split_with_sizes_copy"]["fast_calls"] == 1
 
 
-@pytest.mark.parametrize("op", ["copy_out", "chunk_cat"])
-def test_a_refused_out_op_in_the_debugging_mode_bumps_inference_keyed_outs_as_stock(op):
-    # Inside inference_mode, a call whose tensors are all inference-keyed skips stock's
-    # ADInplaceOrView kernel: outs that still carry a counter (a normal tensor given an inference
-    # tensor's .data) keep their versions. A non-contiguous input sends the call to stock's op.
-    def out(*shape):
+def _inference_keyed_outs(*shapes):
+    # Normal tensors given an inference tensor's .data: inference-keyed, yet they keep a counter.
+    outs = []
+    for shape in shapes:
         t = torch.zeros(*shape)
         with torch.inference_mode():
             t.data = torch.zeros(*shape)
-        return t
+        outs.append(t)
+    return outs
 
-    results = []
-    for debugging in (False, True):
-        outs = [out(4, 6), out(4, 10)] if op == "copy_out" else [out(2, 3)]
-        before = [t._version for t in outs]
-        with torch.inference_mode():
-            if op == "copy_out":
-                src = torch.arange(128.0).view(4, 32)[:, ::2]
-                call = lambda: fsdp.split_with_sizes_copy(src, [6, 10], dim=1, out=outs)  # noqa: E731
+
+@pytest.mark.parametrize("served", [True, False], ids=["served", "refused"])
+@pytest.mark.parametrize("op,entry", [(op, entry) for op in ("copy_out", "chunk_cat")
+                                      for entry in ("interception", "debugging_mode", "direct")]
+                         + [("aten_copy_out", "debugging_mode")])
+def test_inside_inference_mode_inference_keyed_outs_keep_their_versions_as_stock(op, entry, served):
+    # Inside inference_mode, a call whose tensors are all inference-keyed skips stock's
+    # ADInplaceOrView kernel, so outs that still carry a counter keep their versions; outside it,
+    # the same outs move. A served call bumps by the library's rule (planner/classify.h
+    # stock_bumps); a refused one (a non-contiguous input) runs stock's op. aten's out= op has an
+    # ADInplaceOrView kernel of its own, which alone moves the counters.
+    def call(outs, inference, stock=False):
+        ctx = torch.inference_mode() if inference else contextlib.nullcontext()
+        with ctx:
+            if op.endswith("copy_out"):
+                src = torch.arange(128.0).view(4, 32)[:, : (16 if served else 32) : (1 if served else 2)]
+                src = src.contiguous() if served else src
+                if entry == "direct" and not stock:
+                    nd.split_with_sizes_copy(src, [6, 10], 1, out=outs)
+                elif op == "aten_copy_out":
+                    torch.split_with_sizes_copy(src, [6, 10], 1, out=outs)
+                else:
+                    fsdp.split_with_sizes_copy(src, [6, 10], dim=1, out=outs)
             else:
-                call = lambda: fsdp.chunk_cat([torch.arange(12.0)[::2]], 0, 2, out=outs[0])  # noqa: E731
-            if debugging:
-                with nd.NpuFastCopyMode(verify=True) as mode:
-                    call()
+                src = torch.arange(6.0) if served else torch.arange(12.0)[::2]
+                if entry == "direct" and not stock:
+                    nd.chunk_cat([src], 0, 2, out=outs[0])
+                else:
+                    fsdp.chunk_cat([src], 0, 2, out=outs[0])
+
+    shapes = [(4, 6), (4, 10)] if op.endswith("copy_out") else [(2, 3)]
+    for inference in (True, False):
+        results = []
+        for under_mode in (False, True):
+            outs = _inference_keyed_outs(*shapes)
+            before = [t._version for t in outs]
+            if not under_mode:
+                call(outs, inference, stock=True)
+            elif entry == "direct":
+                nd.global_stats().reset()
+                call(outs, inference)
+                stats = nd.global_stats()
             else:
-                call()
-        if debugging:
-            assert sum(o["fallback_calls"] for o in mode.stats.as_dict()["ops"].values()) == 1
-        results.append(([t._version - b for t, b in zip(outs, before)], [_bits(t).tolist() for t in outs]))
-    assert results[1] == results[0] and results[0][0] == [0] * len(results[0][0])
+                with nd.NpuFastCopyMode(verify=entry == "debugging_mode") as mode:
+                    call(outs, inference)
+                stats = mode.stats
+            results.append(([t._version - b for t, b in zip(outs, before)], [_bits(t).tolist() for t in outs]))
+        assert results[1] == results[0]
+        assert results[0][0] == ([0] * len(shapes) if inference else [1] * len(shapes))
+        ops = stats.as_dict()["ops"]
+        name = {"copy_out": "fsdp.split_with_sizes_copy", "chunk_cat": "fsdp.chunk_cat",
+                "aten_copy_out": "aten.split_with_sizes_copy.out"}[op]
+        name = name.replace("fsdp.", "npu_dispatch.") if entry == "direct" else name
+        assert ops[name]["fast_calls" if served else "fallback_calls"] == 1
