@@ -132,7 +132,7 @@ _KEEP_ALIVE: list = []
 
 def _pairs(args, kwargs) -> int:
     """The pairs of an owned op's call, for its stats, where the native library (which counts
-    them: csrc/dispatch/intercept.h ``first_list_length``) is missing: the length of its first
+    them: csrc/dispatch/intercept.h ``whole_call_counts``) is missing: the length of its first
     tensor list in schema order (the copy-out's ``out``, chunk_cat's ``tensors``, a foreach
     copy's ``self``), 1 where it has none."""
     for a in (*args, *kwargs.values()):

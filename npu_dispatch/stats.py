@@ -61,8 +61,10 @@ class CopyStats:
 
     Per op: ``calls``, ``fast_calls`` (calls with at least one pair on the fast path),
     ``fallback_calls`` (calls with at least one pair off it), ``seconds`` (host wall time in the
-    op); per path (:func:`paths`): ``calls`` (calls that used it), ``pairs`` (tensor pairs),
-    ``bytes`` (destination bytes written), ``launches`` (device launches issued); per fallback
+    op); per path (:func:`paths`): ``calls`` (calls that used it), ``pairs`` (the copies the path
+    made: a foreach copy's tensor pairs; a served FSDP copy's pieces (rows of the copy-out, chunks
+    of chunk_cat), a stock one's tensors), ``bytes`` (bytes of the tensors written; for a call handed
+    to stock whole, of the arguments its schema writes), ``launches`` (device launches issued); per fallback
     reason: ``pairs`` that left the fast path for it (a whole call handed to stock: all its pairs)
     and ``calls`` in which it did. Totals over ops are the sums of the per-op rows.
 
@@ -120,7 +122,7 @@ class CopyStats:
     def record_no_native(self, op: str, pairs: int) -> None:
         """A call handed to the stock op whole because the native library is missing, counted as
         the library counts every such call (csrc/planner/execute.h ``stock_counts``: one launch a
-        pair, a call of no pairs counting one)."""
+        pair, a call of no pairs counting one), except its bytes, which only the library measures."""
         pairs = max(pairs, 1)
         self.record_counts(op, {"stock": (pairs, 0, pairs)}, {"no_native": pairs}, 0.0, fast=False, fallback=True)
 

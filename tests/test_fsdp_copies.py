@@ -837,3 +837,25 @@ def test_inside_inference_mode_inference_keyed_outs_keep_their_versions_as_stock
                 "aten_copy_out": "aten.split_with_sizes_copy.out"}[op]
         name = name.replace("fsdp.", "npu_dispatch.") if entry == "direct" else name
         assert ops[name]["fast_calls" if served else "fallback_calls"] == 1
+
+
+@pytest.mark.parametrize("verify", [False, True], ids=["interception", "debugging_mode"])
+@pytest.mark.parametrize("op", ["copy_out", "chunk_cat"])
+def test_a_dense_but_not_contiguous_tensor_stays_stock_as_not_contiguous(op, verify):
+    # The FSDP copies' kernels read row-major spans: a transposed (dense) tensor goes to stock's op,
+    # counted under the reason that names it.
+    def call(outs):
+        if op == "copy_out":
+            src = torch.arange(32.0).view(8, 4).t()  # (4, 8), dense, not contiguous
+            fsdp.split_with_sizes_copy(src, [3, 5], dim=1, out=outs)
+        else:
+            fsdp.chunk_cat([torch.arange(6.0).view(3, 2).t(), torch.ones(4)], 0, 2, out=outs[0])
+
+    shapes = [(4, 3), (4, 5)] if op == "copy_out" else [(2, 5)]
+    want = [torch.full(s, 7.0) for s in shapes]
+    call(want)
+    got = [torch.full(s, 7.0) for s in shapes]
+    with nd.NpuFastCopyMode(verify=verify) as mode:
+        call(got)
+    assert _same(got, want) and [t._version for t in got] == [t._version for t in want]
+    assert mode.stats.as_dict()["fallback_reasons"] == {"not_contiguous": len(shapes) if op == "copy_out" else 2}

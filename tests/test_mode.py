@@ -559,7 +559,8 @@ def test_stats_say_which_op_took_which_path_and_the_totals_add_up():
 def test_the_debugging_modes_passthrough_counts_as_the_interception_counts(op):
     # Another dispatch mode on the stack at the call: the debugging mode hands it to stock whole and
     # counts it as the C++ interception counts a passthrough: its first tensor list's pairs (the
-    # copy-out's out, not its int sizes), one launch each, under a reason C++ lists.
+    # copy-out's out, not its int sizes), one launch each, the bytes its schema writes, under a
+    # reason C++ lists.
     if not _native.available():
         pytest.skip("the debugging mode's passthrough counts are the native library's")
     import torch.distributed.fsdp._fully_shard._fsdp_collectives  # noqa: F401  registers fsdp::
@@ -574,7 +575,8 @@ def test_the_debugging_modes_passthrough_counts_as_the_interception_counts(op):
             torch._foreach_copy_(outs, [torch.ones(2, 2), torch.ones(2, 4), torch.ones(2, 6)])
     d = mode.stats.as_dict()
     assert d["fallback_reasons"] == {"dispatch_mode": 3}
-    assert d["paths"]["stock"] == {"calls": 1, "pairs": 3, "tensors": 3, "bytes": 0, "launches": 3}
+    written = sum(o.nbytes for o in outs)
+    assert d["paths"]["stock"] == {"calls": 1, "pairs": 3, "tensors": 3, "bytes": written, "launches": 3}
     assert "dispatch_mode" in _native.module().names()["kinds"]
     want = list(src.split([2, 4, 6], dim=1)) if op == "copy_out" else [torch.ones_like(o) for o in outs]
     assert all(torch.equal(o, w) for o, w in zip(outs, want))

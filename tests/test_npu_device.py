@@ -527,3 +527,21 @@ def test_explain_names_a_lazy_conjugate_source_as_a_pair_off_the_fast_path():
     # The dispatcher's Negative key resolves the source's lazy bit before BackendSelect: the
     # interception sees a plain source and serves it.
     assert mode.stats.fast_path_calls == 1, mode.stats.report()
+
+
+def test_a_list_with_no_fast_pair_counts_each_pair_under_its_own_reason():
+    # The device's own op takes the whole call, in stock's launches; the stats name each pair's
+    # reason, not the first pair's for all, and an empty pair under that own op.
+    cann("8.0.RC3")  # no int64 in the batched kernel
+
+    def lists():
+        return ([torch.zeros(3, 4, device="npu"), torch.zeros(5, dtype=i64, device="npu"), torch.zeros(0, device="npu")],
+                [torch.arange(12.0, device="npu").view(4, 3).t(), torch.arange(5, device="npu"),
+                 torch.zeros(0, device="npu")])
+
+    want = run(stock, *lists())
+    assert nd.explain(*lists()).stock_reason[0] == "strides"
+    with nd.NpuFastCopyMode() as mode:
+        got = run(stock, *lists())
+    assert all(torch.equal(a, b) for a, b in zip(got[0], want[0])) and got[1:] == want[1:]
+    assert mode.stats.fallback_reasons == {"strides": 1, "dtype": 1, "device_op": 1}, mode.stats.report()

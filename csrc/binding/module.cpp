@@ -99,12 +99,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("passthrough_counts",
         [](const std::string& qualified, const std::string& why, const pyb::args& args, const pyb::kwargs& kwargs) {
           // The result of a call the Python paths hand to stock whole, counted as the interception's
-          // passthrough counts one (dispatch/intercept.h first_list_length, planner/execute.h).
+          // passthrough counts one (dispatch/intercept.h whole_call_counts).
           const auto [name, overload] = split_qualified(qualified);
           const auto op = c10::Dispatcher::singleton().findOp(c10::OperatorName(std::string(name), std::string(overload)));
           TORCH_CHECK(op.has_value(), "npu_dispatch: no such op: ", qualified);
           const auto stack = torch::jit::createStackForSchema(op->schema(), args, kwargs, std::nullopt);
-          return stock_counts(kind_named(why), first_list_length(*op, stack), 0, /*bumped=*/false);
+          return whole_call_counts(*op, stack, kind_named(why));
         },
         "The CallResult of a call of `qualified` handed to stock whole for reason `why`.");
   m.def("plan", torch::wrap_pybind_function([](const Tensors& dsts, const Tensors& srcs) { return plan(plan_of(dsts, srcs)); }),

@@ -18,6 +18,7 @@
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include "dispatch/mode_scope.h"
 #include "planner/plan.h"
+#include "planner/spans.h"
 
 namespace npu_dispatch {
 namespace {
@@ -183,7 +184,7 @@ void passthrough(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::j
   if (ModeScope* s = serving(nullptr)) {
     const auto& name = op.operator_name();
     const auto row = owned_op(name.overload_name.empty() ? name.name : name.name + "." + name.overload_name);
-    s->stats->record(*row, stock_counts(Kind::Schema, first_list_length(op, *stack), 0, /*bumped=*/false), 0);
+    s->stats->record(*row, whole_call_counts(op, *stack, Kind::Schema), 0);
     counted_here.emplace();
   }
   op.redispatchBoxed(ks & kAfterBackendSelect, stack);
@@ -210,12 +211,36 @@ torch::Library* library(const std::string& ns) {
 
 }  // namespace
 
-int64_t first_list_length(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
-  const size_t nargs = op.schema().arguments().size();
-  for (size_t k = stack.size() - nargs; k < stack.size(); ++k) {
-    if (stack[k].isTensorList()) return static_cast<int64_t>(stack[k].toTensorList().size());
+namespace {
+// A tensor's bytes; none for an undefined tensor or one with symbolic sizes (a trace's).
+int64_t real_bytes(const at::Tensor& t) {
+  return t.defined() && !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ? tensor_bytes(t) : 0;
+}
+}  // namespace
+
+CallResult whole_call_counts(const c10::OperatorHandle& op, const torch::jit::Stack& stack, Kind why) {
+  const auto& args = op.schema().arguments();
+  const size_t base = stack.size() - args.size();
+  int64_t pairs = -1, bytes = 0, first_bytes = 0;
+  bool writes = false;
+  for (size_t k = 0; k < args.size(); ++k) {
+    const auto& v = stack[base + k];
+    int64_t b = 0;
+    if (v.isTensor()) {
+      b = real_bytes(v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor t : v.toTensorList()) b += real_bytes(t);
+      if (pairs < 0) {
+        pairs = static_cast<int64_t>(v.toTensorList().size());
+        first_bytes = b;
+      }
+    }
+    if (args[k].alias_info() != nullptr && args[k].alias_info()->isWrite()) {
+      writes = true;
+      bytes += b;
+    }
   }
-  return 1;
+  return stock_counts(why, pairs < 0 ? 1 : pairs, writes ? bytes : first_bytes, /*bumped=*/false);
 }
 
 void install_interception(const std::vector<std::string>& served) {

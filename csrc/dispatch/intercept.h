@@ -13,6 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "planner/classify.h"
+#include "planner/execute.h"
+
 namespace npu_dispatch {
 
 // Registers the interception kernel of each intercepted row of dispatch/owned_ops.h in the aten
@@ -20,10 +23,12 @@ namespace npu_dispatch {
 // with the row's schema, which npu_dispatch/mode.py checks). Once per op; the registration lasts
 // the process, and a kernel with no mode entered only redispatches.
 void install_interception(const std::vector<std::string>& served);
-// The pairs a call handed to stock whole counts (stock_counts, planner/execute.h): the length of its
-// first tensor list in schema order (the copy-out's out, chunk_cat's tensors, a foreach copy's
-// self), 1 where it has none. `stack` holds the call's arguments last.
-int64_t first_list_length(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
+// The result of a call of `op` handed to stock whole for `why` (stock_counts, planner/execute.h):
+// pairs, the length of its first tensor list in schema order (the copy-out's out, chunk_cat's
+// tensors, a foreach copy's self), 1 where it has none; bytes, those of the arguments the schema
+// writes (a functional op's: its first list's, the shapes it returns). `stack` holds the call's
+// arguments last.
+CallResult whole_call_counts(const c10::OperatorHandle& op, const torch::jit::Stack& stack, Kind why);
 
 // For an owned op whose installed schema is not the one this library serves: a boxed kernel
 // that counts each call inside a mode (reason "schema") and redispatches it unchanged, any owned

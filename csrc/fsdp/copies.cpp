@@ -36,7 +36,7 @@ namespace {
 // whole_list_only device, which has kernels of its own (whole_list_op, CUDA); else the device's
 // batched kernel (device_op), which the copy-out reaches through the planner and chunk_cat does
 // not (the device's own op is one call, fewer launches than its pieces).
-Kind host_pass_refusal(const c10::Device& device) {
+Kind fsdp_route(const c10::Device& device) {
   const auto caps = current_capabilities();
   const Capability* cap = caps->get(device.type());
   if (cap == nullptr) return Kind::NoCapability;
@@ -90,7 +90,7 @@ std::optional<CallResult> copy_out_served(const at::Tensor& src, c10::IntArrayRe
   CallResult v;
   v.executed = v.bumped = true;
   if (src.numel() == 0 || nonempty == 0) return v;
-  const Kind route = host_pass_refusal(src.device());
+  const Kind route = fsdp_route(src.device());
   if (route == Kind::NoCapability || route == Kind::WholeListOp) {
     *why = route;
     return std::nullopt;
@@ -179,7 +179,7 @@ std::optional<CallResult> copy_out(const at::Tensor& src, c10::IntArrayRef sizes
   }
   if (!ok) return std::nullopt;
   if (!all_contiguous({src}, out)) {
-    *why = Kind::NotDense;
+    *why = Kind::NotContiguous;
     return std::nullopt;
   }
   auto counts = copy_out_served(src, sizes, out, outer, total, inner, strict, why);
@@ -282,7 +282,7 @@ std::optional<Kind> chunk_refusal(const ChunkScan& s, const at::Tensor& out, con
   for (int64_t d = 0; shape && d < nl; ++d) shape = os[d] == c.lead[d];
   if (!shape) return Kind::MayRaise;
   // An input's span is exact only where it is contiguous: density before aliasing.
-  if (!s.contiguous) return Kind::NotDense;
+  if (!s.contiguous) return Kind::NotContiguous;
   if (s.aliased) return Kind::Aliasing;
   if (!cast_ok) return Kind::Dtype;
   return late;
@@ -360,7 +360,7 @@ std::optional<CallResult> chunk_cat_pass(at::TensorList tensors, int64_t dim, in
   const auto out_dt = out.scalar_type();
   ChunkCheck c = chunk_check(tensors[0], out, dim, num_chunks, rule);
   std::optional<Kind> late;
-  if (const Kind route = host_pass_refusal(c.device); route != Kind::None) late = route;
+  if (const Kind route = fsdp_route(c.device); route != Kind::None) late = route;
   // One dtype: cat copies each input into a slice of out; where that slice is contiguous (one
   // input, or one row of out), its cast is copy_'s (FBGEMM's split for fp16), not ATen's copy
   // kernel's. Mixed: every cast is copy_'s.

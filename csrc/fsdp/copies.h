@@ -2,7 +2,7 @@
 // torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py calls them:
 //   fsdp::split_with_sizes_copy(all_gather_output.view(world, -1), sizes, dim=1, out=[...])
 //   fsdp::chunk_cat(grads, 0, world, out=reduce_scatter_input.view(world, -1))
-// Which path a device takes is one question of its capability (copies.cpp host_pass_refusal):
+// Which path a device takes is one question of its capability (copies.cpp fsdp_route):
 // where the CPU kernel serves it (planner/capability_table.h cpu_kernel_serves), the copy-out's
 // contiguous 1-D pieces (row r of parameter i) are one pass of fsdp/copy_out_kernel.h and chunk_cat
 // one pass of fsdp/chunk_cat_kernel.h over out's elements (each gradient's chunk, widened as it

@@ -32,6 +32,7 @@ enum class Kind : int8_t {
   Broadcast,
   Device,
   NotDense,
+  NotContiguous,  // an FSDP copy's tensor that is dense but not contiguous: its kernel reads row-major spans
   Strides,
   ConjNeg,
   Dtype,
@@ -39,7 +40,7 @@ enum class Kind : int8_t {
   OrderDependent,  // whole call: a 0-dim conversion; stock's CPU copy reads its strides from stale stack (docs/stock_quirks.md)
   WholeListOp,  // whole call: a whole_list_only device (CUDA) that stock copies pair by pair
   Schema,  // whole call: an intercepted op whose installed schema this library was not written for
-  DeviceOp,  // whole call: an FSDP copy the device's own op makes in one call, fewer launches than its pieces
+  DeviceOp,  // an FSDP copy, or the pairs of a list with no fast pair, that the device's own op makes in one call
   // Whole calls the Python paths hand to stock (npu_dispatch/mode.py, engine.py): no native library,
   // an infrastructure mode below (proxy, fake, functionalization), another dispatch mode on the stack.
   NoNative,
@@ -51,7 +52,7 @@ constexpr int kNumKinds = static_cast<int>(Kind::Count);
 // Kind's names, as stats, explain() and errors show them.
 inline constexpr const char* kKindNames[] = {
     "subclass", "no_storage", "requires_grad", "layout", "meta", "may_raise", "aliasing", "broadcast", "device", "not_dense",
-    "strides", "conj_neg", "dtype", "no_capability", "order_dependent", "whole_list_op", "schema",
+    "not_contiguous", "strides", "conj_neg", "dtype", "no_capability", "order_dependent", "whole_list_op", "schema",
     "device_op", "no_native", "infra_mode", "dispatch_mode",
 };
 static_assert(sizeof(kKindNames) / sizeof(kKindNames[0]) == kNumKinds, "a name per Kind");

@@ -105,7 +105,13 @@ class Executor {
       if (bump && version(t) == before) bump_pairs_as_stock(dsts_, srcs_, c10::InferenceMode::is_enabled(), kept_);
     }
     v_.path(kStock).add(p_.n, total_bytes(dsts_), p_.launches());
-    v_.reason(p_.stock) += p_.n;
+    if (p_.no_fast_pair) {
+      // Each pair under its own reason; the empty pairs under the device's own op, which takes them.
+      for (const auto& f : p_.fallback) v_.reason(f.kind) += 1;
+      v_.reason(Kind::DeviceOp) += p_.n - static_cast<int64_t>(p_.fallback.size());
+    } else {
+      v_.reason(p_.stock) += p_.n;
+    }
   }
 
   void runs() {

@@ -296,33 +296,32 @@ class Planner {
   // On a device whose kernel batches many pairs a launch, a run costs one launch where its pairs
   // might ride along in a launch their group makes anyway: per (device, dtypes) key, keep the
   // largest runs only while that issues fewer launches (ties keep the flat copy).
-  void dissolve_runs(std::vector<std::vector<int64_t>>* runs, std::vector<int64_t>* numels,
-                     std::vector<int64_t>* singles) {
+  void dissolve_runs() {
     std::vector<uint32_t> keys;
-    for (const auto& r : *runs) {
+    for (const auto& r : runs_) {
       const uint32_t k = key_of(r[0]);
       if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
     }
-    std::vector<uint8_t> drop(runs->size(), 0);
+    std::vector<uint8_t> drop(runs_.size(), 0);
     for (const uint32_t k : keys) {
       const Capability* cap = caps_.get(key_device_type(k));
       std::vector<size_t> mine;
-      for (size_t r = 0; r < runs->size(); ++r) {
-        if (key_of((*runs)[r][0]) == k) mine.push_back(r);
+      for (size_t r = 0; r < runs_.size(); ++r) {
+        if (key_of(runs_[r][0]) == k) mine.push_back(r);
       }
-      if (cap == nullptr || keeps_every_run(*cap) || !info_[(*runs)[mine[0]][0]].batched) {
+      if (cap == nullptr || keeps_every_run(*cap) || !info_[runs_[mine[0]][0]].batched) {
         continue;
       }
       std::stable_sort(mine.begin(), mine.end(),
-                       [&](size_t a, size_t b) { return (*runs)[a].size() > (*runs)[b].size(); });
+                       [&](size_t a, size_t b) { return runs_[a].size() > runs_[b].size(); });
       int64_t pooled = 0;
-      for (const int64_t i : *singles) pooled += key_of(i) == k ? 1 : 0;
+      for (const int64_t i : singles_) pooled += key_of(i) == k ? 1 : 0;
       // cost(kept) = kept + launches(pooled + members of the runs not kept), kept = |mine| .. 0
       size_t best_kept = mine.size();
       int64_t best = static_cast<int64_t>(mine.size()) + (pooled ? cap->launches(pooled) : 0);
       int64_t extra = 0;
       for (size_t kept = mine.size(); kept-- > 0;) {
-        extra += static_cast<int64_t>((*runs)[mine[kept]].size());
+        extra += static_cast<int64_t>(runs_[mine[kept]].size());
         const int64_t cost = static_cast<int64_t>(kept) + cap->launches(pooled + extra);
         if (cost < best) {
           best = cost;
@@ -332,19 +331,19 @@ class Planner {
       for (size_t j = best_kept; j < mine.size(); ++j) drop[mine[j]] = 1;
     }
     size_t w = 0;
-    for (size_t r = 0; r < runs->size(); ++r) {
+    for (size_t r = 0; r < runs_.size(); ++r) {
       if (drop[r]) {
-        singles->insert(singles->end(), (*runs)[r].begin(), (*runs)[r].end());
+        singles_.insert(singles_.end(), runs_[r].begin(), runs_[r].end());
       } else {
         if (w != r) {
-          (*runs)[w] = std::move((*runs)[r]);
-          (*numels)[w] = (*numels)[r];
+          runs_[w] = std::move(runs_[r]);
+          numels_[w] = numels_[r];
         }
         ++w;
       }
     }
-    runs->resize(w);
-    numels->resize(w);
+    runs_.resize(w);
+    numels_.resize(w);
   }
 
   // Stages a cross-dtype group the kernel cannot convert (planner/plan.h, Stage) when that issues fewer
@@ -408,22 +407,19 @@ class Planner {
   }
 
   void coalesce_and_group() {
-    auto& runs = runs_;
-    auto& numels = numels_;
-    auto& singles = singles_;
-    if (!runs.empty()) dissolve_runs(&runs, &numels, &singles);
-    for (size_t r = 0; r < runs.size(); ++r) {
+    if (!runs_.empty()) dissolve_runs();
+    for (size_t r = 0; r < runs_.size(); ++r) {
       const auto begin = static_cast<int64_t>(plan_.run_members.size());
-      plan_.run_members.insert(plan_.run_members.end(), runs[r].begin(), runs[r].end());
-      plan_.runs.push_back({begin, static_cast<int64_t>(plan_.run_members.size()), numels[r]});
+      plan_.run_members.insert(plan_.run_members.end(), runs_[r].begin(), runs_[r].end());
+      plan_.runs.push_back({begin, static_cast<int64_t>(plan_.run_members.size()), numels_[r]});
     }
 
-    std::sort(singles.begin(), singles.end());
+    std::sort(singles_.begin(), singles_.end());
     // Groups in the order of their first single (planner/runs.h).
     std::vector<uint32_t> keys;
     std::vector<std::vector<int64_t>> members;
     size_t last = 0;
-    for (const int64_t i : singles) {
+    for (const int64_t i : singles_) {
       const size_t g = group_of(keys, key_of(i), last);
       if (g == members.size()) members.emplace_back();
       members[g].push_back(i);

@@ -62,7 +62,7 @@ struct Plan {
   bool own_op = false;
   int64_t stock_launches = -1;
   // A whole-stock plan because no pair has a fast path (that own op takes the call whole): `stock`
-  // is the first fallback pair's reason.
+  // is the first fallback pair's reason (explain's); the stats count each pair under its own.
   bool no_fast_pair = false;
 
   // Whether some pair leaves the fast path (the whole call to stock, or a fallback pair): what
