@@ -96,7 +96,7 @@ def foreach_copy(
     non_blocking: bool = False,
     *,
     stats: CopyStats,
-    op: str = "aten._foreach_copy_",
+    op: str,
     strict: bool = False,
     verify: bool = False,
     bump: bool | None = True,
@@ -169,34 +169,52 @@ def all_gather_copy_in(
     rank: int,
     *,
     stats: CopyStats,
-    op: str = "fsdp.all_gather_copy_in",
+    op: str,
     strict: bool = False,
     verify: bool = False,
     bump: bool | None = True,
     force_views: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """FSDP2's copy-in, as ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py`` does it.
-
-    Narrows ``all_gather_output`` (1-D, ``world_size * all_gather_input_numel`` elements) to this
-    rank's slice, splits it by ``inp_split_sizes`` and copies ``all_gather_inputs`` (1-D shards)
-    into the splits. Returns ``(all_gather_input, all_gather_output)``; the first is a view of the
-    second. Narrow and split raise stock's errors, before anything is written. ``bump``: as for
-    :func:`foreach_copy` (each split of the output moves the output's counter once).
+    """FSDP2's copy-in, ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``
+    ``all_gather_copy_in``, through csrc/planner/copy_call.h: narrows ``all_gather_output`` (1-D,
+    ``world_size * all_gather_input_numel`` elements) to this rank's slice, splits it by
+    ``inp_split_sizes`` and copies ``all_gather_inputs`` (1-D shards) into the splits. Returns
+    ``(all_gather_input, all_gather_output)``; the first is a view of the second. Narrow and split
+    raise stock's errors, before anything is written. ``bump``: as for :func:`foreach_copy` (each
+    split of the output moves the output's counter once).
     """
-    # The views carry autograd view metadata (``_base``, a shared version counter) where stock's do.
-    # A dispatch mode's handler always runs with ADInplaceOrView excluded, though the caller's
+    args = (list(all_gather_inputs), all_gather_output, list(inp_split_sizes), all_gather_input_numel, rank)
+    module = _native.module()
+    if module is None:
+        with inside():  # counted here, not again as aten's _foreach_copy_
+            result = _stock_all_gather_copy_in(*args)
+        stats.record_no_native(op, len(all_gather_inputs))
+        return result
+    start = time.perf_counter()
+    ref = None
+    if verify:
+        ref = _reference([all_gather_output])[0]
+        with inside(), module.StockCall():  # stock's op, which an entered NpuFastCopyMode would serve
+            _stock_all_gather_copy_in(args[0], ref, *args[2:])
+    # The slice carries autograd view metadata (``_base``, a shared version counter) where stock's
+    # does. A dispatch mode's handler always runs with ADInplaceOrView excluded, though the caller's
     # stock call would have made views: the mode passes ``force_views``. Any other caller below
     # ADInplaceOrView gets what stock gives there: no view metadata.
     views = contextlib.nullcontext()
     if force_views:
         exclude = torch._C._dispatch_tls_local_exclude_set().remove(torch._C.DispatchKey.ADInplaceOrView)
         views = torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude)
-    with views:
-        all_gather_input = all_gather_output.narrow(0, all_gather_input_numel * rank, all_gather_input_numel)
-        dsts = torch.split(all_gather_input, inp_split_sizes)
-    with torch.no_grad():
-        foreach_copy(dsts, all_gather_inputs, False, stats=stats, op=op, strict=strict, verify=verify, bump=bump)
+    with views, inside():
+        all_gather_input, all_gather_output, v = module.all_gather_copy_in(*args, strict, bump)
+    _checked(op, v, stats, start)
+    if ref is not None:
+        _compare(op, [all_gather_output], [ref])
     return all_gather_input, all_gather_output
+
+
+def _stock_all_gather_copy_in(*args):
+    import torch.distributed.fsdp._fully_shard._fsdp_collectives  # noqa: F401  registers fsdp::all_gather_copy_in
+    return torch.ops.fsdp.all_gather_copy_in.default(*args)
 
 
 def _reason_text(reasons: dict) -> str:
@@ -222,7 +240,7 @@ def split_with_sizes_copy(
     out: Sequence[torch.Tensor],
     *,
     stats: CopyStats,
-    op: str = "fsdp.split_with_sizes_copy",
+    op: str,
     strict: bool = False,
     verify: bool = False,
     bump: bool | None = True,
@@ -257,7 +275,7 @@ def chunk_cat(
     out: torch.Tensor,
     *,
     stats: CopyStats,
-    op: str = "fsdp.chunk_cat",
+    op: str,
     strict: bool = False,
     verify: bool = False,
     bump: bool | None = True,
@@ -290,7 +308,7 @@ def chunk_cat_mixed_dtype(
     out: torch.Tensor,
     *,
     stats: CopyStats,
-    op: str = "fsdp.chunk_cat_mixed_dtype",
+    op: str,
     strict: bool = False,
     verify: bool = False,
 ) -> None:

@@ -29,26 +29,28 @@ for _row in _op_table.rows():
 # whose scope the thread carries, autograd's threads included; these Python kernels count a call
 # made on such a thread globally.
 _current_stats = _stats.current
+# The name each library op counts under, by its engine wrapper (csrc/dispatch/owned_ops.h).
+_COUNTED = {row.wrapper: row.counted for row in _op_table.rows() if row.namespace == "npu_dispatch"}
 
 
 def _foreach_copy_kernel(self: list[torch.Tensor], src: list[torch.Tensor], non_blocking: bool = False) -> None:
-    engine.foreach_copy(self, src, non_blocking, stats=_current_stats(), op="npu_dispatch.foreach_copy_", bump=None)
+    engine.foreach_copy(self, src, non_blocking, stats=_current_stats(), op=_COUNTED["foreach_copy"], bump=None)
 
 
 def _all_gather_copy_in_kernel(all_gather_inputs, all_gather_output, inp_split_sizes, all_gather_input_numel, rank):
     return engine.all_gather_copy_in(
         all_gather_inputs, all_gather_output, inp_split_sizes, all_gather_input_numel, rank,
-        stats=_current_stats(), op="npu_dispatch.all_gather_copy_in", bump=None,
+        stats=_current_stats(), op=_COUNTED["all_gather_copy_in"], bump=None,
     )
 
 
 def _split_with_sizes_copy_kernel(all_gather_output, all_gather_input_split_sizes, dim=0, *, out):
     engine.split_with_sizes_copy(all_gather_output, all_gather_input_split_sizes, dim, out, stats=_current_stats(),
-                                 op="npu_dispatch.split_with_sizes_copy", bump=None)
+                                 op=_COUNTED["split_with_sizes_copy"], bump=None)
 
 
 def _chunk_cat_kernel(tensors, dim, num_chunks, *, out):
-    engine.chunk_cat(tensors, dim, num_chunks, out, stats=_current_stats(), op="npu_dispatch.chunk_cat", bump=None)
+    engine.chunk_cat(tensors, dim, num_chunks, out, stats=_current_stats(), op=_COUNTED["chunk_cat"], bump=None)
 
 
 # CompositeExplicitAutograd serves every backend with one kernel. Once the native library loads,

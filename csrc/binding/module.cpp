@@ -58,6 +58,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           return plan_and_run(dsts, srcs, non_blocking, strict, bump.has_value() ? *bump : foreach_copy_bumps_here(dsts));
         }),
         "Plan and execute one _foreach_copy_ (planner/copy_call.h plan_and_run).");
+  m.def("all_gather_copy_in",
+        torch::wrap_pybind_function_no_gil([](const Tensors& inputs, const at::Tensor& out,
+                                              const std::vector<int64_t>& sizes, int64_t numel, int64_t rank,
+                                              bool strict, std::optional<bool> bump) {
+          CallResult counts;
+          auto [slice, output] = all_gather_copy_in(inputs, out, sizes, numel, rank, strict,
+                                                    bump.has_value() ? *bump : foreach_copy_bumps_here({out}), &counts);
+          return std::make_tuple(std::move(slice), std::move(output), std::move(counts));
+        }),
+        "FSDP2's all-gather copy-in: (slice, output, CallResult) (planner/copy_call.h).");
   m.def("copy_out",
         torch::wrap_pybind_function_no_gil([](const at::Tensor& src, const std::vector<int64_t>& sizes, int64_t dim,
                                               const Tensors& out, bool strict, std::optional<bool> bump) {

@@ -103,7 +103,8 @@ std::tuple<at::Tensor, at::Tensor> fsdp_all_gather_copy_in(c10::DispatchKeySet k
   }
   const int64_t t0 = now_ns();
   CallResult counts;
-  auto result = all_gather_copy_in(inputs, out, *concrete_sizes, *concrete_numel, *concrete_rank, &counts);
+  auto result = all_gather_copy_in(inputs, out, *concrete_sizes, *concrete_numel, *concrete_rank, false,
+                                   foreach_copy_bumps_here({out}), &counts);
   s->stats->record(kOp, counts, now_ns() - t0);
   return result;
 }

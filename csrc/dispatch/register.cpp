@@ -26,7 +26,8 @@ std::tuple<at::Tensor, at::Tensor> all_gather_copy_in_kernel(
   const int64_t t0 = now_ns();
   CallResult counts;
   auto result = all_gather_copy_in(all_gather_inputs, all_gather_output, inp_split_sizes, all_gather_input_numel,
-                                   rank, &counts);
+                                   rank, false,
+                                   foreach_copy_bumps_here({all_gather_output}), &counts);
   record_call(kOpAllGatherCopyIn, counts, now_ns() - t0);
   return result;
 }

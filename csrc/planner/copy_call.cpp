@@ -101,13 +101,13 @@ CallResult plan_and_run(at::TensorList dsts, at::TensorList srcs, bool non_block
 
 std::tuple<at::Tensor, at::Tensor> all_gather_copy_in(at::TensorList inputs, const at::Tensor& out,
                                                       c10::IntArrayRef sizes, int64_t numel, int64_t rank,
-                                                      CallResult* counts) {
+                                                      bool strict, bool bump, CallResult* counts) {
   auto slice = out.narrow(0, numel * rank, numel);
   const auto dsts = slice.split_with_sizes(sizes);
   {
     c10::AutoGradMode no_grad(false);
     // Each split moves the output's shared counter once, as stock's _foreach_copy_ there does.
-    *counts = plan_and_run(dsts, inputs, false, false, foreach_copy_bumps_here({out}));
+    *counts = plan_and_run(dsts, inputs, false, strict, bump);
   }
   return {std::move(slice), out};
 }

@@ -29,12 +29,13 @@ CallResult plan_and_run(at::TensorList dsts, at::TensorList srcs, bool non_block
 
 // FSDP2's all-gather copy-in, as torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py
 // all_gather_copy_in does it: narrow the output to this rank's slice, split it by the sizes, and
-// copy the inputs into the splits under no_grad (plan_and_run). Returns (slice, output), the slice a
-// view of the output; narrow and split raise stock's errors before anything is written.
-// `counts` receives its CallResult.
+// copy the inputs into the splits under no_grad (plan_and_run, with `strict` and `bump`). Returns
+// (slice, output), the slice a view of the output (with autograd view metadata where
+// ADInplaceOrView is in reach, as stock's); narrow and split raise stock's errors before anything
+// is written. `counts` receives its CallResult.
 std::tuple<at::Tensor, at::Tensor> all_gather_copy_in(at::TensorList inputs, const at::Tensor& out,
                                                       c10::IntArrayRef sizes, int64_t numel, int64_t rank,
-                                                      CallResult* counts);
+                                                      bool strict, bool bump, CallResult* counts);
 
 // The output stock's functional _foreach_copy allocates for destination `d`: a clone's layout
 // (d's sizes and strides, contiguous where d overlaps itself), uninitialised, as every element
