@@ -271,8 +271,8 @@ ChunkScan scan_chunks(at::TensorList tensors, int64_t k0, int64_t k1, const Chun
 }
 
 // Why the call stays stock's, in the order stock's op meets the reasons, or nullopt where the pass
-// writes it. `cast_ok`: one dtype or a widening float cast; `late`: the refusals that come after
-// every tensor's (the device's capability, the kernel's dtype pair).
+// writes it. `cast_ok`: the CPU kernel takes every input's dtype into out's; `late`: the refusal
+// that comes after every tensor's (a device without the CPU kernel's pass).
 std::optional<Kind> chunk_refusal(const ChunkScan& s, const at::Tensor& out, const ChunkCheck& c, bool cast_ok,
                                   std::optional<Kind> late) {
   if (s.refused != Kind::None) return s.refused;
@@ -323,13 +323,6 @@ Kind chunk_call_refusal(at::TensorList tensors, int64_t dim, int64_t num_chunks,
   const int64_t nd0 = tensors[0].dim();
   const bool ok = num_chunks >= 1 && num_chunks <= (int64_t{1} << 40) && nd0 > 0 && dim >= -nd0 && dim < nd0;
   return ok ? Kind::None : Kind::MayRaise;
-}
-
-// One dtype, or a widening float cast: any other cast is cat_out's to check (it refuses what
-// cannot be cast) and to round (its NaN bits are not copy_'s).
-bool widening_or_same(c10::ScalarType in_dt, c10::ScalarType out_dt) {
-  return in_dt == out_dt || (at::isFloatingType(in_dt) && at::isFloatingType(out_dt) &&
-                             c10::elementSize(out_dt) > c10::elementSize(in_dt));
 }
 
 // A served chunk_cat's result, after its kernel counters (one pass of `pairs` pieces over out's
@@ -385,8 +378,9 @@ std::optional<CallResult> chunk_cat_pass(at::TensorList tensors, int64_t dim, in
     if (std::find(dtypes.begin(), dtypes.end(), dt) == dtypes.end()) {
       dtypes.push_back(dt);
       kernels.emplace_back();
-      cast_ok = cast_ok && widening_or_same(dt, out_dt);
-      if (!late && cast_ok && !kernels.back().init(dt, out_dt, through_cat)) late = Kind::Dtype;
+      // The kernel takes one dtype or a widening float cast: any other cast is cat_out's to check
+      // (it refuses what cannot be cast) and to round (its NaN bits are not copy_'s).
+      if (!late && cast_ok) cast_ok = kernels.back().init(dt, out_dt, through_cat);
     }
     c.meta = t.dtype();
     c.elem = static_cast<int64_t>(t.dtype().itemsize());
