@@ -173,7 +173,6 @@ def all_gather_copy_in(
     strict: bool = False,
     verify: bool = False,
     bump: bool | None = True,
-    force_views: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FSDP2's copy-in, ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``
     ``all_gather_copy_in``, through csrc/planner/copy_call.h: narrows ``all_gather_output`` (1-D,
@@ -196,15 +195,10 @@ def all_gather_copy_in(
         ref = _reference([all_gather_output])[0]
         with inside(), module.StockCall():  # stock's op, which an entered NpuFastCopyMode would serve
             _stock_all_gather_copy_in(args[0], ref, *args[2:])
-    # The slice carries autograd view metadata (``_base``, a shared version counter) where stock's
-    # does. A dispatch mode's handler always runs with ADInplaceOrView excluded, though the caller's
-    # stock call would have made views: the mode passes ``force_views``. Any other caller below
-    # ADInplaceOrView gets what stock gives there: no view metadata.
-    views = contextlib.nullcontext()
-    if force_views:
-        exclude = torch._C._dispatch_tls_local_exclude_set().remove(torch._C.DispatchKey.ADInplaceOrView)
-        views = torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude)
-    with views, inside():
+    # The slice carries autograd view metadata (``_base``, a shared version counter) where
+    # ADInplaceOrView is in reach, as stock's does there (the debugging mode's handler gets it back
+    # where the caller had it).
+    with inside():
         all_gather_input, all_gather_output, v = module.all_gather_copy_in(*args, strict, bump)
     _checked(op, v, stats, start)
     if ref is not None:

@@ -751,13 +751,14 @@ def test_a_refused_mixed_dtype_chunk_cat_under_verify_counts_once_in_the_inner_m
     assert ops["fsdp.chunk_cat_mixed_dtype"]["fallback_calls"] == 1
 
 
+@pytest.mark.parametrize("cast", [(bf16, f32), (f32, bf16)], ids=["widening", "narrowing"])
 @pytest.mark.parametrize("verify", [False, True], ids=["kernels", "debugging_mode"])
-def test_on_a_device_without_a_host_pass_chunk_cat_stays_its_own_op_as_device_op(verify):
+def test_on_a_device_without_a_host_pass_chunk_cat_stays_its_own_op_as_device_op(verify, cast):
     # A batching device's entry on CPU (no host pass): the copy-out's rows go to the planner, chunk_cat
-    # to the device's own op (one call), counted under its own reason.
+    # to the device's own op (one call), counted under its own reason, whatever its cast.
     from npu_dispatch.capabilities import npu_capability, override
 
-    tensors, make_out = _chunk_cat_case([(37,), (16, 3)], bf16, f32, 8, 0, 6)
+    tensors, make_out = _chunk_cat_case([(37,), (16, 3)], *cast, 8, 0, 6)
     want, want_v = _run_chunk_cat(stock_chunk_cat, tensors, 0, 8, make_out)
     src, make_outs = _copy_out_case(4, [5, 0, 9], f32, 1)
     want_out, want_out_v = _run_copy_out(stock_copy_out, src, [5, 0, 9], 1, make_outs)
@@ -788,18 +789,29 @@ def _inference_keyed_outs(*shapes):
 @pytest.mark.parametrize("op,entry", [(op, entry) for op in ("copy_out", "chunk_cat")
                                       for entry in ("interception", "debugging_mode", "direct")]
                          + [("aten_copy_out", "debugging_mode")])
-def test_inside_inference_mode_inference_keyed_outs_keep_their_versions_as_stock(op, entry, served):
+@pytest.mark.parametrize("inference_src", [True, False], ids=["inference_src", "normal_src"])
+def test_inside_inference_mode_inference_keyed_outs_keep_their_versions_as_stock(op, entry, served, inference_src):
     # Inside inference_mode, a call whose tensors are all inference-keyed skips stock's
     # ADInplaceOrView kernel, so outs that still carry a counter keep their versions; outside it,
-    # the same outs move. A served call bumps by the library's rule (planner/classify.h
+    # the same outs move, and so they do inside it where a source is a normal tensor (made outside
+    # inference_mode). A served call bumps by the library's rule (planner/classify.h
     # stock_bumps); a refused one (a non-contiguous input) runs stock's op. aten's out= op has an
     # ADInplaceOrView kernel of its own, which alone moves the counters.
+    def source(make):
+        if not inference_src:
+            return make()
+        with torch.inference_mode():
+            return make()
+
     def call(outs, inference, stock=False):
+        if op.endswith("copy_out"):
+            src = source(lambda: torch.arange(128.0).view(4, 32)[:, :16].contiguous() if served
+                         else torch.arange(128.0).view(4, 32)[:, ::2])
+        else:
+            src = source(lambda: torch.arange(6.0) if served else torch.arange(12.0)[::2])
         ctx = torch.inference_mode() if inference else contextlib.nullcontext()
         with ctx:
             if op.endswith("copy_out"):
-                src = torch.arange(128.0).view(4, 32)[:, : (16 if served else 32) : (1 if served else 2)]
-                src = src.contiguous() if served else src
                 if entry == "direct" and not stock:
                     nd.split_with_sizes_copy(src, [6, 10], 1, out=outs)
                 elif op == "aten_copy_out":
@@ -807,7 +819,6 @@ def test_inside_inference_mode_inference_keyed_outs_keep_their_versions_as_stock
                 else:
                     fsdp.split_with_sizes_copy(src, [6, 10], dim=1, out=outs)
             else:
-                src = torch.arange(6.0) if served else torch.arange(12.0)[::2]
                 if entry == "direct" and not stock:
                     nd.chunk_cat([src], 0, 2, out=outs[0])
                 else:
@@ -831,7 +842,7 @@ def test_inside_inference_mode_inference_keyed_outs_keep_their_versions_as_stock
                 stats = mode.stats
             results.append(([t._version - b for t, b in zip(outs, before)], [_bits(t).tolist() for t in outs]))
         assert results[1] == results[0]
-        assert results[0][0] == ([0] * len(shapes) if inference else [1] * len(shapes))
+        assert results[0][0] == ([0] * len(shapes) if inference and inference_src else [1] * len(shapes))
         ops = stats.as_dict()["ops"]
         name = {"copy_out": "fsdp.split_with_sizes_copy", "chunk_cat": "fsdp.chunk_cat",
                 "aten_copy_out": "aten.split_with_sizes_copy.out"}[op]
@@ -840,22 +851,30 @@ def test_inside_inference_mode_inference_keyed_outs_keep_their_versions_as_stock
 
 
 @pytest.mark.parametrize("verify", [False, True], ids=["interception", "debugging_mode"])
-@pytest.mark.parametrize("op", ["copy_out", "chunk_cat"])
-def test_a_dense_but_not_contiguous_tensor_stays_stock_as_not_contiguous(op, verify):
-    # The FSDP copies' kernels read row-major spans: a transposed (dense) tensor goes to stock's op,
-    # counted under the reason that names it.
+@pytest.mark.parametrize("op", ["copy_out", "copy_out_column_outs", "chunk_cat"])
+def test_a_tensor_that_is_not_contiguous_stays_stock_as_not_contiguous(op, verify):
+    # The FSDP copies' kernels read row-major spans: a transposed (dense) input, or outs that are
+    # column slices of one buffer (apart, not contiguous), go to stock's op, counted under the
+    # reason that names it (not aliasing: spans say nothing of a tensor that is not contiguous).
+    def fresh():
+        if op == "copy_out_column_outs":
+            buf = torch.full((4, 8), 7.0)
+            return [buf[:, :3], buf[:, 3:]]
+        return [torch.full(s, 7.0) for s in ([(4, 3), (4, 5)] if op == "copy_out" else [(2, 5)])]
+
     def call(outs):
         if op == "copy_out":
             src = torch.arange(32.0).view(8, 4).t()  # (4, 8), dense, not contiguous
             fsdp.split_with_sizes_copy(src, [3, 5], dim=1, out=outs)
+        elif op == "copy_out_column_outs":
+            fsdp.split_with_sizes_copy(torch.arange(32.0).view(4, 8), [3, 5], dim=1, out=outs)
         else:
             fsdp.chunk_cat([torch.arange(6.0).view(3, 2).t(), torch.ones(4)], 0, 2, out=outs[0])
 
-    shapes = [(4, 3), (4, 5)] if op == "copy_out" else [(2, 5)]
-    want = [torch.full(s, 7.0) for s in shapes]
+    want = fresh()
     call(want)
-    got = [torch.full(s, 7.0) for s in shapes]
+    got = fresh()
     with nd.NpuFastCopyMode(verify=verify) as mode:
         call(got)
     assert _same(got, want) and [t._version for t in got] == [t._version for t in want]
-    assert mode.stats.as_dict()["fallback_reasons"] == {"not_contiguous": len(shapes) if op == "copy_out" else 2}
+    assert mode.stats.as_dict()["fallback_reasons"] == {"not_contiguous": 2}

@@ -196,6 +196,19 @@ def test_strict_raises_naming_the_reason_before_writing(make, reason):
         torch._foreach_copy_([torch.zeros(3)], [torch.ones(3)])
 
 
+@pytest.mark.parametrize("verify", [False, True], ids=["strict", "strict_verify"])
+def test_strict_all_gather_copy_in_names_the_reason_before_writing(verify):
+    # A shard that is not dense: the copy-in's split stays on stock's copy_, which strict refuses,
+    # naming the reason and writing nothing.
+    import torch.distributed.fsdp._fully_shard._fsdp_collectives  # noqa: F401  registers fsdp::
+
+    out = torch.zeros(16)
+    with pytest.raises(nd.FastCopyFallbackError, match="all_gather_copy_in falls back: not_dense"):
+        with nd.NpuFastCopyMode(strict=True, verify=verify):
+            torch.ops.fsdp.all_gather_copy_in([torch.ones(3), torch.arange(10.0)[::2]], out, [3, 5], 8, 1)
+    assert out.count_nonzero() == 0 and out._version == 0
+
+
 @interception_only
 def test_subclass_inner_copy_reaches_fast_path():
     a = TwoTensor(torch.zeros(6), torch.zeros(6))
@@ -555,7 +568,7 @@ def test_stats_say_which_op_took_which_path_and_the_totals_add_up():
     assert d["fallbacks"] == {"strides": {"pairs": 1, "calls": 1}}
 
 
-@pytest.mark.parametrize("op", ["foreach_copy_", "copy_out"])
+@pytest.mark.parametrize("op", ["foreach_copy_", "copy_out", "chunk_cat"])
 def test_the_debugging_modes_passthrough_counts_as_the_interception_counts(op):
     # Another dispatch mode on the stack at the call: the debugging mode hands it to stock whole and
     # counts it as the C++ interception counts a passthrough: its first tensor list's pairs (the
@@ -568,15 +581,21 @@ def test_the_debugging_modes_passthrough_counts_as_the_interception_counts(op):
     src = torch.arange(24.0).view(2, 12)
     outs = [torch.zeros(2, 2), torch.zeros(2, 4), torch.zeros(2, 6)]
     mode = nd.NpuFastCopyMode(verify=True)
+    cat_out = torch.zeros(2, 1, 12, dtype=torch.float64)  # chunk_cat writes out, not its first list
     with mode, _Passthrough():
         if op == "copy_out":
             torch.ops.fsdp.split_with_sizes_copy(src, [2, 4, 6], dim=1, out=outs)
+        elif op == "chunk_cat":
+            torch.ops.fsdp.chunk_cat([torch.ones(2, 2), torch.ones(2, 4), torch.ones(2, 6)], 1, 1, out=cat_out)
         else:
             torch._foreach_copy_(outs, [torch.ones(2, 2), torch.ones(2, 4), torch.ones(2, 6)])
     d = mode.stats.as_dict()
     assert d["fallback_reasons"] == {"dispatch_mode": 3}
-    written = sum(o.nbytes for o in outs)
+    written = cat_out.nbytes if op == "chunk_cat" else sum(o.nbytes for o in outs)
     assert d["paths"]["stock"] == {"calls": 1, "pairs": 3, "tensors": 3, "bytes": written, "launches": 3}
+    if op == "chunk_cat":
+        assert torch.equal(cat_out, torch.ones(2, 1, 12, dtype=torch.float64))
+        return
     assert "dispatch_mode" in _native.module().names()["kinds"]
     want = list(src.split([2, 4, 6], dim=1)) if op == "copy_out" else [torch.ones_like(o) for o in outs]
     assert all(torch.equal(o, w) for o, w in zip(outs, want))

@@ -172,14 +172,15 @@ std::optional<CallResult> copy_out(const at::Tensor& src, c10::IntArrayRef sizes
       ok = o.scalar_type() == src.scalar_type() && o.device() == src.device() && o.sizes() == c10::IntArrayRef(want);
       if (ok && o.numel() > 0) written.push_back(contiguous_span(o));
     }
-    if (ok && writes_overlap(written, {contiguous_span(src)})) {
-      ok = false;
-      *why = Kind::Aliasing;
-    }
   }
   if (!ok) return std::nullopt;
+  // A span is exact only where its tensor is contiguous: contiguity before aliasing.
   if (!all_contiguous({src}, out)) {
     *why = Kind::NotContiguous;
+    return std::nullopt;
+  }
+  if (writes_overlap(written, {contiguous_span(src)})) {
+    *why = Kind::Aliasing;
     return std::nullopt;
   }
   auto counts = copy_out_served(src, sizes, out, outer, total, inner, strict, why);
@@ -271,8 +272,9 @@ ChunkScan scan_chunks(at::TensorList tensors, int64_t k0, int64_t k1, const Chun
 }
 
 // Why the call stays stock's, in the order stock's op meets the reasons, or nullopt where the pass
-// writes it. `cast_ok`: the CPU kernel takes every input's dtype into out's; `late`: the refusal
-// that comes after every tensor's (a device without the CPU kernel's pass).
+// writes it. `cast_ok`: false where the CPU kernel refuses an input's dtype into out's (asked only
+// where `late` is unset); `late`: the refusal that comes after every tensor's (a device without
+// the CPU kernel's pass).
 std::optional<Kind> chunk_refusal(const ChunkScan& s, const at::Tensor& out, const ChunkCheck& c, bool cast_ok,
                                   std::optional<Kind> late) {
   if (s.refused != Kind::None) return s.refused;
@@ -378,8 +380,8 @@ std::optional<CallResult> chunk_cat_pass(at::TensorList tensors, int64_t dim, in
     if (std::find(dtypes.begin(), dtypes.end(), dt) == dtypes.end()) {
       dtypes.push_back(dt);
       kernels.emplace_back();
-      // The kernel takes one dtype or a widening float cast: any other cast is cat_out's to check
-      // (it refuses what cannot be cast) and to round (its NaN bits are not copy_'s).
+      // The kernel takes one dtype (not bool, not quantized) or bf16 / fp16 -> fp32: any other
+      // cast is cat_out's to check (it refuses what cannot be cast) and to round.
       if (!late && cast_ok) cast_ok = kernels.back().init(dt, out_dt, through_cat);
     }
     c.meta = t.dtype();

@@ -32,7 +32,7 @@ enum class Kind : int8_t {
   Broadcast,
   Device,
   NotDense,
-  NotContiguous,  // an FSDP copy's tensor that is dense but not contiguous: its kernel reads row-major spans
+  NotContiguous,  // an FSDP copy's tensor that is not contiguous: its kernel reads row-major spans
   Strides,
   ConjNeg,
   Dtype,
@@ -40,7 +40,7 @@ enum class Kind : int8_t {
   OrderDependent,  // whole call: a 0-dim conversion; stock's CPU copy reads its strides from stale stack (docs/stock_quirks.md)
   WholeListOp,  // whole call: a whole_list_only device (CUDA) that stock copies pair by pair
   Schema,  // whole call: an intercepted op whose installed schema this library was not written for
-  DeviceOp,  // an FSDP copy, or the pairs of a list with no fast pair, that the device's own op makes in one call
+  DeviceOp,  // an FSDP copy the device's own op makes in one call; a list with no fast pair: its empty pairs
   // Whole calls the Python paths hand to stock (npu_dispatch/mode.py, engine.py): no native library,
   // an infrastructure mode below (proxy, fake, functionalization), another dispatch mode on the stack.
   NoNative,

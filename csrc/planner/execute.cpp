@@ -263,7 +263,10 @@ CallResult execute(const Plan& p, at::TensorList dsts, at::TensorList srcs, bool
                    bool bump, const CapabilityTable& caps, std::vector<uint8_t>* self_bumped) {
   CallResult v;
   if (strict && p.leaves_fast_path()) {
+    // The reasons the call would have counted, for the strict error.
     v.blocked = true;
+    if (p.stock != Kind::None) v.reason(p.stock) = p.n;
+    for (const auto& f : p.fallback) v.reason(f.kind) += 1;
     return v;
   }
   v.executed = true;

@@ -111,8 +111,8 @@ class Planner {
   }
 
  private:
-  // A whole-stock plan keeps the empty and fallback pairs found before the
-  // decision (explain shows only the reason; the stats count those pairs' reasons too).
+  // A whole-stock plan keeps the empty and fallback pairs found before the decision; explain
+  // shows only the call's reason, under which the stats count every pair (planner/execute.cpp).
   Plan stock(Kind kind, int64_t a, int8_t sub, int64_t b = -1) {
     plan_.stock = kind;
     plan_.stock_a = a;
