@@ -64,7 +64,8 @@ class CopyStats:
     op); per path (:func:`paths`): ``calls`` (calls that used it), ``pairs`` (the copies the path
     made: a foreach copy's tensor pairs; a served FSDP copy's pieces (rows of the copy-out, chunks
     of chunk_cat), a stock one's tensors), ``bytes`` (bytes of the tensors written; for a call handed
-    to stock whole, of the arguments its schema writes), ``launches`` (device launches issued); per fallback
+    to stock whole, as csrc/dispatch/intercept.h ``whole_call_counts`` counts them), ``launches``
+    (device launches issued); per fallback
     reason: ``pairs`` that left the fast path for it (a whole call handed to stock: all its pairs)
     and ``calls`` in which it did. Totals over ops are the sums of the per-op rows.
 

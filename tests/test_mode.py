@@ -196,17 +196,36 @@ def test_strict_raises_naming_the_reason_before_writing(make, reason):
         torch._foreach_copy_([torch.zeros(3)], [torch.ones(3)])
 
 
+@pytest.mark.parametrize("case", ["not_dense", "aliasing"])
 @pytest.mark.parametrize("verify", [False, True], ids=["strict", "strict_verify"])
-def test_strict_all_gather_copy_in_names_the_reason_before_writing(verify):
+def test_strict_all_gather_copy_in_names_the_reason_before_writing(verify, case):
     # A shard that is not dense: the copy-in's split stays on stock's copy_, which strict refuses,
-    # naming the reason and writing nothing.
+    # naming the reason and writing nothing. A shard in the output's storage as well: the whole
+    # call is stock's, named by that reason alone (as the call would count it).
     import torch.distributed.fsdp._fully_shard._fsdp_collectives  # noqa: F401  registers fsdp::
 
     out = torch.zeros(16)
-    with pytest.raises(nd.FastCopyFallbackError, match="all_gather_copy_in falls back: not_dense"):
+    first = out[12:15] if case == "aliasing" else torch.ones(3)
+    with pytest.raises(nd.FastCopyFallbackError, match=f"all_gather_copy_in falls back: {case}$"):
         with nd.NpuFastCopyMode(strict=True, verify=verify):
-            torch.ops.fsdp.all_gather_copy_in([torch.ones(3), torch.arange(10.0)[::2]], out, [3, 5], 8, 1)
+            torch.ops.fsdp.all_gather_copy_in([first, torch.arange(10.0)[::2]], out, [3, 5], 8, 1)
     assert out.count_nonzero() == 0 and out._version == 0
+
+
+def test_verify_takes_a_copy_in_whose_shard_is_in_the_output_as_stock_does():
+    # The shard reads what the call writes: no clone of the output is a reference for it.
+    import torch.distributed.fsdp._fully_shard._fsdp_collectives  # noqa: F401  registers fsdp::
+
+    def call(out):
+        return torch.ops.fsdp.all_gather_copy_in([torch.arange(8.0), out[8:11]], out, [8, 3], 11, 0)
+
+    want = torch.arange(22.0)
+    call(want)
+    got = torch.arange(22.0)
+    with nd.NpuFastCopyMode(verify=True) as mode:
+        call(got)
+    assert torch.equal(got, want) and got._version == want._version
+    assert mode.stats.fallback_reasons == {"aliasing": 2}
 
 
 @interception_only

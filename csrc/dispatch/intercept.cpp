@@ -213,8 +213,8 @@ torch::Library* library(const std::string& ns) {
 }  // namespace
 
 namespace {
-// A tensor's bytes in memory: none for an undefined tensor, one with symbolic sizes, or a tensor
-// subclass (a fake tensor of a trace writes nothing; asking a wrapper its sizes may call Python).
+// A tensor's bytes: none for an undefined tensor, one with symbolic sizes, or a tensor subclass
+// (fake tensors included: asking a subclass its sizes may call into Python).
 int64_t real_bytes(const at::Tensor& t) {
   if (!t.defined() || t.key_set().has(c10::DispatchKey::Python)) return 0;
   return t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ? 0 : tensor_bytes(t);

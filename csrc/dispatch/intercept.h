@@ -25,9 +25,10 @@ namespace npu_dispatch {
 void install_interception(const std::vector<std::string>& served);
 // The result of a call of `op` handed to stock whole for `why` (stock_counts, planner/execute.h):
 // pairs, the length of its first tensor list in schema order (the copy-out's out, chunk_cat's
-// tensors, a foreach copy's self), 1 where it has none; bytes, those in memory (not a subclass's or
-// a trace's) of the arguments the schema marks written, or, where it marks none (the functional
-// copy, FSDP's copy-in), of that first list. `stack` holds the call's arguments last.
+// tensors, a foreach copy's self), 1 where it has none; bytes, those of the arguments the schema
+// marks written, or, where it marks none (the functional copy, FSDP's copy-in), of that first list,
+// a tensor subclass's (fake tensors included) or symbolic sizes' counting none. `stack` holds the
+// call's arguments last.
 CallResult whole_call_counts(const c10::OperatorHandle& op, const torch::jit::Stack& stack, Kind why);
 
 // For an owned op whose installed schema is not the one this library serves: a boxed kernel

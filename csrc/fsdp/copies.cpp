@@ -283,7 +283,7 @@ std::optional<Kind> chunk_refusal(const ChunkScan& s, const at::Tensor& out, con
   bool shape = static_cast<int64_t>(os.size()) == nl + 2 && os[nl] == c.num_chunks && os[nl + 1] == s.width;
   for (int64_t d = 0; shape && d < nl; ++d) shape = os[d] == c.lead[d];
   if (!shape) return Kind::MayRaise;
-  // An input's span is exact only where it is contiguous: density before aliasing.
+  // An input's span is exact only where it is contiguous: contiguity before aliasing.
   if (!s.contiguous) return Kind::NotContiguous;
   if (s.aliased) return Kind::Aliasing;
   if (!cast_ok) return Kind::Dtype;

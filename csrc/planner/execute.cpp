@@ -19,6 +19,18 @@
 namespace npu_dispatch {
 namespace {
 
+// The reasons a call that leaves the fast path counts, by its plan: a whole-stock call every pair
+// under its reason, except one with no fast pair (each pair under its own, the empty ones under
+// the device's own op, which takes them); else each fallback pair under its own.
+void count_reasons(const Plan& p, CallResult* v) {
+  if (p.stock != Kind::None && !p.no_fast_pair) {
+    v->reason(p.stock) += p.n;
+    return;
+  }
+  for (const auto& f : p.fallback) v->reason(f.kind) += 1;
+  if (p.no_fast_pair) v->reason(Kind::DeviceOp) += p.n - static_cast<int64_t>(p.fallback.size());
+}
+
 std::vector<int64_t> contiguous_strides(c10::IntArrayRef sizes) {
   std::vector<int64_t> strides(sizes.size());
   int64_t step = 1;
@@ -105,13 +117,7 @@ class Executor {
       if (bump && version(t) == before) bump_pairs_as_stock(dsts_, srcs_, c10::InferenceMode::is_enabled(), kept_);
     }
     v_.path(kStock).add(p_.n, total_bytes(dsts_), p_.launches());
-    if (p_.no_fast_pair) {
-      // Each pair under its own reason; the empty pairs under the device's own op, which takes them.
-      for (const auto& f : p_.fallback) v_.reason(f.kind) += 1;
-      v_.reason(Kind::DeviceOp) += p_.n - static_cast<int64_t>(p_.fallback.size());
-    } else {
-      v_.reason(p_.stock) += p_.n;
-    }
+    count_reasons(p_, &v_);
   }
 
   void runs() {
@@ -218,8 +224,8 @@ class Executor {
       auto d = dsts_[f.index];
       d.copy_(srcs_[f.index], non_blocking_);
       bytes += tensor_bytes(d);
-      v_.reason(f.kind) += 1;
     }
+    count_reasons(p_, &v_);
     v_.path(kFallback).add(static_cast<int64_t>(p_.fallback.size()), bytes, p_.fallback_launches);
   }
 
@@ -263,10 +269,8 @@ CallResult execute(const Plan& p, at::TensorList dsts, at::TensorList srcs, bool
                    bool bump, const CapabilityTable& caps, std::vector<uint8_t>* self_bumped) {
   CallResult v;
   if (strict && p.leaves_fast_path()) {
-    // The reasons the call would have counted, for the strict error.
     v.blocked = true;
-    if (p.stock != Kind::None) v.reason(p.stock) = p.n;
-    for (const auto& f : p.fallback) v.reason(f.kind) += 1;
+    count_reasons(p, &v);  // what the call would have counted, for the strict error
     return v;
   }
   v.executed = true;

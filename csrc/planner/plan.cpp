@@ -111,8 +111,8 @@ class Planner {
   }
 
  private:
-  // A whole-stock plan keeps the empty and fallback pairs found before the decision; explain
-  // shows only the call's reason, under which the stats count every pair (planner/execute.cpp).
+  // A whole-stock plan keeps the empty and fallback pairs found before the decision, which explain
+  // lists beside the call's reason (the stats count pairs as planner/execute.cpp count_reasons).
   Plan stock(Kind kind, int64_t a, int8_t sub, int64_t b = -1) {
     plan_.stock = kind;
     plan_.stock_a = a;
