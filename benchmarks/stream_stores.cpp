@@ -1,7 +1,7 @@
 // Byte copies of separate buffers far beyond the cache, three ways: the kernel's 64 KB memcpy
-// chunks, an AVX2 streaming-store loop (as csrc/cpu/stream_copy.cpp), and glibc's memcpy of whole
+// chunks, an AVX2 streaming-store loop (as csrc/cpu/byte_copy.cpp), and glibc's memcpy of whole
 // items (its own streaming path above its threshold). No torch: it checks that streaming stores
-// still win beyond the cache (csrc/cpu/stream_copy.h).
+// still win beyond the cache (csrc/cpu/byte_copy.h).
 //
 //   g++ -O2 -fopenmp benchmarks/stream_stores.cpp -o /tmp/stream_stores
 //   OMP_NUM_THREADS=2 /tmp/stream_stores 65536 67108864    # item bytes, source bytes in all

@@ -73,7 +73,7 @@ def names() -> dict | None:
 def info() -> dict:
     """Counters only the C++ side moves: one-pass CPU kernel runs, work items, destination bytes,
     the destination bytes of the copies made with streaming stores (passes beyond the cache,
-    csrc/cpu/stream_copy.h), calls that took the one-pass plan (csrc/planner/one_pass.h) instead
+    csrc/cpu/byte_copy.h), calls that took the one-pass plan (csrc/planner/one_pass.h) instead
     of the full planner; the bytes read plus written from which a pass streams
     (``stream_moved_bytes``: the last-level cache's size, at most 96 MiB); and the seconds it took
     to build or load."""

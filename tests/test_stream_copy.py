@@ -1,4 +1,4 @@
-"""Passes beyond the last-level cache copy their bytes with streaming stores (csrc/cpu/stream_copy.h):
+"""Passes beyond the last-level cache copy their bytes with streaming stores (csrc/cpu/byte_copy.h):
 bitwise stock's result at any alignment, through every entry, nothing written outside the
 destinations, and only where the call's bytes read plus written reach the threshold. The
 foreach kernel's conversions never stream; chunk_cat's widening casts do."""
@@ -20,7 +20,7 @@ if not _native.available():
 
 THRESHOLD = _native.info()["stream_moved_bytes"]
 if THRESHOLD > 512 << 20:
-    # INT64_MAX: no AVX2 streaming stores on this CPU (csrc/cpu/stream_copy.h).
+    # INT64_MAX: no AVX2 streaming stores on this CPU (csrc/cpu/byte_copy.h).
     pytest.skip(f"streaming starts at {THRESHOLD} bytes moved here: never, or too many to test",
                 allow_module_level=True)
 

@@ -13,7 +13,7 @@
 #include "binding/to_python.h"
 #include "cpu/byte_pass.h"
 #include "cpu/copy_kernel.h"
-#include "cpu/stream_copy.h"
+#include "cpu/byte_copy.h"
 #include "dispatch/dispatcher_facts.h"
 #include "dispatch/intercept.h"
 #include "dispatch/mode_scope.h"
@@ -54,8 +54,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("foreach_copy_planned",
         torch::wrap_pybind_function_no_gil([](const Tensors& dsts, const Tensors& srcs, bool non_blocking, bool strict,
                                               std::optional<bool> bump) {
-          // None: stock's rule where the call is made (planner/copy_call.h foreach_copy_bumps_here).
-          return plan_and_run(dsts, srcs, non_blocking, strict, bump.has_value() ? *bump : foreach_copy_bumps_here(dsts));
+          return plan_and_run(dsts, srcs, non_blocking, strict, bump);
         }),
         "Plan and execute one _foreach_copy_ (planner/copy_call.h plan_and_run).");
   m.def("all_gather_copy_in",
@@ -63,8 +62,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                               const std::vector<int64_t>& sizes, int64_t numel, int64_t rank,
                                               bool strict, std::optional<bool> bump) {
           CallResult counts;
-          auto [slice, output] = all_gather_copy_in(inputs, out, sizes, numel, rank, strict,
-                                                    bump.has_value() ? *bump : foreach_copy_bumps_here({out}), &counts);
+          auto [slice, output] = all_gather_copy_in(inputs, out, sizes, numel, rank, strict, bump, &counts);
           return std::make_tuple(std::move(slice), std::move(output), std::move(counts));
         }),
         "FSDP2's all-gather copy-in: (slice, output, CallResult) (planner/copy_call.h).");

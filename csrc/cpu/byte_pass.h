@@ -10,13 +10,13 @@
 #include <atomic>
 #include <cstdint>
 
-#include "cpu/stream_copy.h"
+#include "cpu/byte_copy.h"
 #include "planner/tuning.h"
 
 namespace npu_dispatch {
 
 // Whether a pass moving `moved_bytes` (read plus written, the whole call's) streams its stores:
-// at or above stream_moved_bytes() (cpu/stream_copy.h) its bytes cannot stay in cache.
+// at or above stream_moved_bytes() (cpu/byte_copy.h) its bytes cannot stay in cache.
 inline bool streams(int64_t moved_bytes) { return moved_bytes >= stream_moved_bytes(); }
 
 // What the CPU passes have done since load; only they move these (tests read them to see that

@@ -8,36 +8,24 @@
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,bmi,bmi2,lzcnt,popcnt")
 // The target pragma leaves the ISA macros alone; sleef.h declares its vector functions by them.
-#ifndef __AVX__
+#pragma push_macro("__AVX__")
+#undef __AVX__
 #define __AVX__ 1
-#define NPU_DISPATCH_UNDEF__AVX__
-#endif
-#ifndef __AVX2__
+#pragma push_macro("__AVX2__")
+#undef __AVX2__
 #define __AVX2__ 1
-#define NPU_DISPATCH_UNDEF__AVX2__
-#endif
-#ifndef __FMA__
+#pragma push_macro("__FMA__")
+#undef __FMA__
 #define __FMA__ 1
-#define NPU_DISPATCH_UNDEF__FMA__
-#endif
-#ifndef __F16C__
+#pragma push_macro("__F16C__")
+#undef __F16C__
 #define __F16C__ 1
-#define NPU_DISPATCH_UNDEF__F16C__
-#endif
 #define CPU_CAPABILITY_AVX2
 #include "cpu/convert_impl.h"
-#ifdef NPU_DISPATCH_UNDEF__AVX__
-#undef __AVX__
-#endif
-#ifdef NPU_DISPATCH_UNDEF__AVX2__
-#undef __AVX2__
-#endif
-#ifdef NPU_DISPATCH_UNDEF__FMA__
-#undef __FMA__
-#endif
-#ifdef NPU_DISPATCH_UNDEF__F16C__
-#undef __F16C__
-#endif
+#pragma pop_macro("__AVX__")
+#pragma pop_macro("__AVX2__")
+#pragma pop_macro("__FMA__")
+#pragma pop_macro("__F16C__")
 #pragma GCC pop_options
 #endif
 

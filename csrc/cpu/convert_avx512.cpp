@@ -8,64 +8,40 @@
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma,avx2,f16c")
 // The target pragma leaves the ISA macros alone; sleef.h declares its vector functions by them.
-#ifndef __AVX__
+#pragma push_macro("__AVX__")
+#undef __AVX__
 #define __AVX__ 1
-#define NPU_DISPATCH_UNDEF__AVX__
-#endif
-#ifndef __AVX2__
+#pragma push_macro("__AVX2__")
+#undef __AVX2__
 #define __AVX2__ 1
-#define NPU_DISPATCH_UNDEF__AVX2__
-#endif
-#ifndef __FMA__
+#pragma push_macro("__FMA__")
+#undef __FMA__
 #define __FMA__ 1
-#define NPU_DISPATCH_UNDEF__FMA__
-#endif
-#ifndef __F16C__
+#pragma push_macro("__F16C__")
+#undef __F16C__
 #define __F16C__ 1
-#define NPU_DISPATCH_UNDEF__F16C__
-#endif
-#ifndef __AVX512F__
+#pragma push_macro("__AVX512F__")
+#undef __AVX512F__
 #define __AVX512F__ 1
-#define NPU_DISPATCH_UNDEF__AVX512F__
-#endif
-#ifndef __AVX512BW__
+#pragma push_macro("__AVX512BW__")
+#undef __AVX512BW__
 #define __AVX512BW__ 1
-#define NPU_DISPATCH_UNDEF__AVX512BW__
-#endif
-#ifndef __AVX512VL__
+#pragma push_macro("__AVX512VL__")
+#undef __AVX512VL__
 #define __AVX512VL__ 1
-#define NPU_DISPATCH_UNDEF__AVX512VL__
-#endif
-#ifndef __AVX512DQ__
+#pragma push_macro("__AVX512DQ__")
+#undef __AVX512DQ__
 #define __AVX512DQ__ 1
-#define NPU_DISPATCH_UNDEF__AVX512DQ__
-#endif
 #define CPU_CAPABILITY_AVX512
 #include "cpu/convert_impl.h"
-#ifdef NPU_DISPATCH_UNDEF__AVX__
-#undef __AVX__
-#endif
-#ifdef NPU_DISPATCH_UNDEF__AVX2__
-#undef __AVX2__
-#endif
-#ifdef NPU_DISPATCH_UNDEF__FMA__
-#undef __FMA__
-#endif
-#ifdef NPU_DISPATCH_UNDEF__F16C__
-#undef __F16C__
-#endif
-#ifdef NPU_DISPATCH_UNDEF__AVX512F__
-#undef __AVX512F__
-#endif
-#ifdef NPU_DISPATCH_UNDEF__AVX512BW__
-#undef __AVX512BW__
-#endif
-#ifdef NPU_DISPATCH_UNDEF__AVX512VL__
-#undef __AVX512VL__
-#endif
-#ifdef NPU_DISPATCH_UNDEF__AVX512DQ__
-#undef __AVX512DQ__
-#endif
+#pragma pop_macro("__AVX__")
+#pragma pop_macro("__AVX2__")
+#pragma pop_macro("__FMA__")
+#pragma pop_macro("__F16C__")
+#pragma pop_macro("__AVX512F__")
+#pragma pop_macro("__AVX512BW__")
+#pragma pop_macro("__AVX512VL__")
+#pragma pop_macro("__AVX512DQ__")
 #pragma GCC pop_options
 #endif
 

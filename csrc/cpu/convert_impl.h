@@ -120,7 +120,7 @@ void chunk_cat_to_float(const ChunkCatLayout& l, int64_t lo, int64_t hi) {
 
 // to_float with streaming stores for the vectors that start on a vector's alignment in dst (the
 // elements before and after through to_float): the same conversion, so the same bits. A pass far
-// beyond the cache writes each line without reading it first (cpu/stream_copy.h). The caller fences.
+// beyond the cache writes each line without reading it first (cpu/byte_copy.h). The caller fences.
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 template <typename R>
 void to_float_stream(const uint16_t* src_bits, float* dst, int64_t n) {

@@ -18,7 +18,7 @@
 
 #include "cpu/byte_pass.h"
 #include "cpu/convert.h"
-#include "cpu/stream_copy.h"
+#include "cpu/byte_copy.h"
 
 namespace npu_dispatch {
 namespace {
@@ -51,29 +51,24 @@ const Config* published_config() {
   return c != nullptr ? c : &none;
 }
 
-// Bytes per unit of WorkItem::n on each side (a Memcpy item counts bytes).
-int64_t src_size(CopyOp op) {
-  switch (op) {
-    case CopyOp::Memcpy: return 1;
-    case CopyOp::BF16ToF32:
-    case CopyOp::F16ToF32: return 2;
-    default: return 4;
-  }
-}
+// Each CopyOp's (source, destination) dtypes and name, by CopyOp value. A Memcpy item counts
+// bytes (WorkItem::n): its dtypes here are one byte.
+struct OpFacts {
+  at::ScalarType src, dst;
+  const char* name;
+};
+constexpr OpFacts kOpFacts[] = {{at::kByte, at::kByte, "memcpy"},
+                                {at::kFloat, at::kBFloat16, "f32->bf16"},
+                                {at::kBFloat16, at::kFloat, "bf16->f32"},
+                                {at::kFloat, at::kHalf, "f32->f16"},
+                                {at::kHalf, at::kFloat, "f16->f32"}};
+static_assert(sizeof(kOpFacts) / sizeof(kOpFacts[0]) == kOps, "facts per CopyOp");
 
-int64_t dst_size(CopyOp op) {
-  switch (op) {
-    case CopyOp::Memcpy: return 1;
-    case CopyOp::F32ToBF16:
-    case CopyOp::F32ToF16: return 2;
-    default: return 4;
-  }
-}
+// Bytes per unit of WorkItem::n on each side.
+int64_t src_size(CopyOp op) { return static_cast<int64_t>(c10::elementSize(kOpFacts[static_cast<int>(op)].src)); }
+int64_t dst_size(CopyOp op) { return static_cast<int64_t>(c10::elementSize(kOpFacts[static_cast<int>(op)].dst)); }
 
 bool op_for(at::ScalarType s, at::ScalarType d, CopyOp* op) {
-  using at::kBFloat16;
-  using at::kFloat;
-  using at::kHalf;
   if (s == d) {
     // A quantized copy_ also copies the quantizer: not a byte copy. Stock's bool copy writes
     // canonical 0/1 bytes, where a byte copy would keep any other byte a bool tensor holds.
@@ -81,12 +76,13 @@ bool op_for(at::ScalarType s, at::ScalarType d, CopyOp* op) {
     *op = CopyOp::Memcpy;
     return true;
   }
-  if (s == kFloat && d == kBFloat16) *op = CopyOp::F32ToBF16;
-  else if (s == kBFloat16 && d == kFloat) *op = CopyOp::BF16ToF32;
-  else if (s == kFloat && d == kHalf) *op = CopyOp::F32ToF16;
-  else if (s == kHalf && d == kFloat) *op = CopyOp::F16ToF32;
-  else return false;
-  return true;
+  for (int k = 1; k < kOps; ++k) {
+    if (kOpFacts[k].src == s && kOpFacts[k].dst == d) {
+      *op = static_cast<CopyOp>(k);
+      return true;
+    }
+  }
+  return false;
 }
 
 // FBGEMM's Float16ToFloat (stock copy_ takes it for contiguous or equal-stride fp16->fp32 on CPU)
@@ -336,59 +332,47 @@ std::vector<uint16_t> f16ish_specials() {
   return v;
 }
 
-at::ScalarType src_dtype(CopyOp op) {
-  switch (op) {
-    case CopyOp::F32ToBF16:
-    case CopyOp::F32ToF16: return at::kFloat;
-    case CopyOp::BF16ToF32: return at::kBFloat16;
-    default: return at::kHalf;
+
+// A tensor of `n` elements of `sdt` (2 or 4 bytes) whose bit patterns are pattern(k).
+template <typename Bits, typename Pattern>
+at::Tensor bits_tensor(int64_t n, at::ScalarType sdt, const Pattern& pattern) {
+  auto t = at::empty({n}, at::TensorOptions().device(at::kCPU).dtype(sizeof(Bits) == 4 ? at::kInt : at::kShort));
+  auto* p = static_cast<Bits*>(t.mutable_data_ptr());
+  for (int64_t k = 0; k < n; ++k) p[k] = static_cast<Bits>(pattern(k));
+  return t.view(sdt);
+}
+
+// Every length 1..72 of the specials `pat`, at `shifts` shifts.
+template <typename Bits>
+void add_short_sources(std::vector<at::Tensor>* srcs, at::ScalarType sdt, const std::vector<Bits>& pat, int64_t step,
+                       int64_t shifts, int64_t shift_step) {
+  for (int64_t len = 1; len <= 72; ++len) {
+    for (int64_t shift = 0; shift < shifts; ++shift) {
+      srcs->push_back(bits_tensor<Bits>(
+          len, sdt, [&](int64_t k) { return pat[(k * step + len + shift * shift_step) % pat.size()]; }));
+    }
   }
 }
 
-at::ScalarType dst_dtype(CopyOp op) {
-  switch (op) {
-    case CopyOp::F32ToBF16: return at::kBFloat16;
-    case CopyOp::F32ToF16: return at::kHalf;
-    default: return at::kFloat;
-  }
+// Every 16-bit pattern, cycling.
+at::Tensor all_half_patterns(int64_t n, at::ScalarType sdt) {
+  return bits_tensor<uint16_t>(n, sdt, [](int64_t k) { return k * 40503u; });
 }
 
 bool matches_stock(CopyOp op, const Config& trial) {
-  const auto sdt = src_dtype(op);
-  const auto ddt = dst_dtype(op);
+  const auto sdt = kOpFacts[static_cast<int>(op)].src;
+  const auto ddt = kOpFacts[static_cast<int>(op)].dst;
   const auto opts = at::TensorOptions().device(at::kCPU);
+  // Past GRAIN_SIZE twice: stock's copy_ splits it into chunks.
+  const int64_t big = 2 * at::internal::GRAIN_SIZE + 37;
   std::vector<at::Tensor> srcs;
   if (sdt == at::kFloat) {
     const auto pat = f32_specials();
-    for (int64_t len = 1; len <= 72; ++len) {
-      for (int64_t shift = 0; shift < 3; ++shift) {
-        auto t = at::empty({len}, opts.dtype(at::kInt));
-        auto* p = static_cast<uint32_t*>(t.mutable_data_ptr());
-        for (int64_t k = 0; k < len; ++k) p[k] = pat[(k * 7 + len + shift * 11) % pat.size()];
-        srcs.push_back(t.view(sdt));
-      }
-    }
-    const int64_t big = 2 * at::internal::GRAIN_SIZE + 37;
-    auto t = at::empty({big}, opts.dtype(at::kInt));
-    auto* p = static_cast<uint32_t*>(t.mutable_data_ptr());
-    for (int64_t k = 0; k < big; ++k) p[k] = pat[k % pat.size()];
-    srcs.push_back(t.view(sdt));
+    add_short_sources<uint32_t>(&srcs, sdt, pat, 7, 3, 11);
+    srcs.push_back(bits_tensor<uint32_t>(big, sdt, [&](int64_t k) { return pat[k % pat.size()]; }));
   } else {
-    const auto pat = f16ish_specials();
-    for (int64_t len = 1; len <= 72; ++len) {
-      for (int64_t shift = 0; shift < 3; ++shift) {
-        auto t = at::empty({len}, opts.dtype(at::kShort));
-        auto* p = static_cast<uint16_t*>(t.mutable_data_ptr());
-        for (int64_t k = 0; k < len; ++k) p[k] = pat[(k * 5 + len + shift * 13) % pat.size()];
-        srcs.push_back(t.view(sdt));
-      }
-    }
-    for (const int64_t n : {int64_t{65536}, 2 * at::internal::GRAIN_SIZE + 37}) {
-      auto t = at::empty({n}, opts.dtype(at::kShort));
-      auto* p = static_cast<uint16_t*>(t.mutable_data_ptr());
-      for (int64_t k = 0; k < n; ++k) p[k] = static_cast<uint16_t>(k * 40503u);
-      srcs.push_back(t.view(sdt));
-    }
+    add_short_sources<uint16_t>(&srcs, sdt, f16ish_specials(), 5, 3, 13);
+    for (const int64_t n : {int64_t{65536}, big}) srcs.push_back(all_half_patterns(n, sdt));
   }
   // Each destination starts at another element of a 64-byte line (a variant may store whole
   // lines from the first boundary on): offsets cycle through every position as the sources go.
@@ -412,18 +396,9 @@ bool matches_stock(CopyOp op, const Config& trial) {
 // value, in vector bodies and tails.
 bool matches_iterator_f16_to_f32(const ConvertFns& f) {
   const auto opts = at::TensorOptions().device(at::kCPU);
-  const auto pat = f16ish_specials();
   std::vector<at::Tensor> srcs;
-  for (int64_t len = 1; len <= 72; ++len) {
-    auto t = at::empty({len}, opts.dtype(at::kShort));
-    auto* p = static_cast<uint16_t*>(t.mutable_data_ptr());
-    for (int64_t k = 0; k < len; ++k) p[k] = pat[(k * 5 + len) % pat.size()];
-    srcs.push_back(t.view(at::kHalf));
-  }
-  auto all = at::empty({65536 + 37}, opts.dtype(at::kShort));
-  auto* p = static_cast<uint16_t*>(all.mutable_data_ptr());
-  for (int64_t k = 0; k < all.numel(); ++k) p[k] = static_cast<uint16_t>(k * 40503u);
-  srcs.push_back(all.view(at::kHalf));
+  add_short_sources<uint16_t>(&srcs, at::kHalf, f16ish_specials(), 5, 1, 0);
+  srcs.push_back(all_half_patterns(65536 + 37, at::kHalf));
   for (const auto& s : srcs) {
     const int64_t n = s.numel();
     auto want = at::empty({2, n + 3}, opts.dtype(at::kFloat)).narrow(1, 0, n);
@@ -460,10 +435,6 @@ bool has_fbgemm() {
 }
 
 const char* variant_name(const ConvertFns* f) { return f == nullptr ? "none" : f->name; }
-
-// CopyOp's conversions, by CopyOp value (Memcpy, at 0, has no entry of its own).
-constexpr const char* kConversionNames[] = {"memcpy", "f32->bf16", "bf16->f32", "f32->f16", "f16->f32"};
-static_assert(sizeof(kConversionNames) / sizeof(kConversionNames[0]) == static_cast<int>(CopyOp::Count));
 
 }  // namespace
 
@@ -511,7 +482,7 @@ std::vector<ConversionCheck> self_check() {
   // Memcpy is left out: a byte copy is what stock does for one dtype.
   std::vector<ConversionCheck> out;
   for (int k = 1; k < kOps; ++k) {
-    out.push_back({kConversionNames[k], cfg->ops[k].fns != nullptr, variant_name(cfg->ops[k].fns),
+    out.push_back({kOpFacts[k].name, cfg->ops[k].fns != nullptr, variant_name(cfg->ops[k].fns),
                    cfg->ops[k].fbgemm_split});
   }
   return out;

@@ -62,7 +62,7 @@ void foreach_copy_(c10::DispatchKeySet ks, at::TensorList self, at::TensorList s
     return;
   }
   const int64_t t0 = now_ns();
-  const auto counts = plan_and_run(self, src, non_blocking, false, foreach_copy_bumps_here(self));
+  const auto counts = plan_and_run(self, src, non_blocking, false);
   s->stats->record(kOp, counts, now_ns() - t0);
 }
 
@@ -104,7 +104,7 @@ std::tuple<at::Tensor, at::Tensor> fsdp_all_gather_copy_in(c10::DispatchKeySet k
   const int64_t t0 = now_ns();
   CallResult counts;
   auto result = all_gather_copy_in(inputs, out, *concrete_sizes, *concrete_numel, *concrete_rank, false,
-                                   foreach_copy_bumps_here({out}), &counts);
+                                   std::nullopt, &counts);
   s->stats->record(kOp, counts, now_ns() - t0);
   return result;
 }

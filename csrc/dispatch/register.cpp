@@ -16,7 +16,7 @@ namespace {
 
 void foreach_copy_kernel(at::TensorList self, at::TensorList src, bool non_blocking) {
   const int64_t t0 = now_ns();
-  const auto counts = plan_and_run(self, src, non_blocking, false, foreach_copy_bumps_here(self));
+  const auto counts = plan_and_run(self, src, non_blocking, false);
   record_call(kOpForeachCopy, counts, now_ns() - t0);
 }
 
@@ -26,8 +26,7 @@ std::tuple<at::Tensor, at::Tensor> all_gather_copy_in_kernel(
   const int64_t t0 = now_ns();
   CallResult counts;
   auto result = all_gather_copy_in(all_gather_inputs, all_gather_output, inp_split_sizes, all_gather_input_numel,
-                                   rank, false,
-                                   foreach_copy_bumps_here({all_gather_output}), &counts);
+                                   rank, false, std::nullopt, &counts);
   record_call(kOpAllGatherCopyIn, counts, now_ns() - t0);
   return result;
 }

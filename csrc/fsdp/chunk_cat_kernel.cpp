@@ -6,7 +6,7 @@
 #include "cpu/byte_pass.h"
 #include "cpu/convert.h"
 #include "cpu/copy_kernel.h"
-#include "cpu/stream_copy.h"
+#include "cpu/byte_copy.h"
 
 namespace npu_dispatch {
 

@@ -6,7 +6,6 @@
 #include "cpu/byte_copy.h"
 #include "cpu/byte_pass.h"
 #include "cpu/copy_kernel.h"
-#include "cpu/stream_copy.h"
 
 namespace npu_dispatch {
 

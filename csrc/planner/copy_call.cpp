@@ -71,9 +71,10 @@ bool foreach_copy_bumps_here(at::TensorList dsts) {
   return false;
 }
 
-CallResult plan_and_run(at::TensorList dsts, at::TensorList srcs, bool non_blocking,
-                                  bool strict, bool bump, int64_t serial_moved_bytes) {
+CallResult plan_and_run(at::TensorList dsts, at::TensorList srcs, bool non_blocking, bool strict,
+                        std::optional<bool> bump_or_rule, int64_t serial_moved_bytes) {
   StockCall inside;
+  const bool bump = bump_or_rule.has_value() ? *bump_or_rule : foreach_copy_bumps_here(dsts);
   if (lazy_bit_dst(dsts) >= 0) {
     // Stock's dispatcher raises for such a list before checking it, so the stock op gives the
     // error (and, were it ever to accept the list, the copy and its bumps).
@@ -101,7 +102,7 @@ CallResult plan_and_run(at::TensorList dsts, at::TensorList srcs, bool non_block
 
 std::tuple<at::Tensor, at::Tensor> all_gather_copy_in(at::TensorList inputs, const at::Tensor& out,
                                                       c10::IntArrayRef sizes, int64_t numel, int64_t rank,
-                                                      bool strict, bool bump, CallResult* counts) {
+                                                      bool strict, std::optional<bool> bump, CallResult* counts) {
   auto slice = out.narrow(0, numel * rank, numel);
   const auto dsts = slice.split_with_sizes(sizes);
   {

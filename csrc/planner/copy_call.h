@@ -21,11 +21,12 @@ namespace npu_dispatch {
 // Checks the lists (stock's errors and messages), then the one-pass plan (planner/one_pass.h) as the
 // planner's first pass, then the full plan against the capability table in force, and executes
 // (nothing when `strict` finds a fallback). Copies are issued below ADInplaceOrView; with `bump`,
-// each listed destination's version counter then moves once, as stock's in-place kernel does.
-// Returns the CallResult (planner/execute.h). While it runs, the thread is inside_planner().
-CallResult plan_and_run(at::TensorList dsts, at::TensorList srcs, bool non_blocking,
-                                  bool strict, bool bump,
-                                  int64_t serial_moved_bytes = kDispatchedSerialMovedBytes);
+// each listed destination's version counter then moves once, as stock's in-place kernel does
+// (nullopt: stock's rule where the call is made, foreach_copy_bumps_here). Returns the CallResult
+// (planner/execute.h). While it runs, the thread is inside_planner().
+CallResult plan_and_run(at::TensorList dsts, at::TensorList srcs, bool non_blocking, bool strict,
+                        std::optional<bool> bump = std::nullopt,
+                        int64_t serial_moved_bytes = kDispatchedSerialMovedBytes);
 
 // FSDP2's all-gather copy-in, as torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py
 // all_gather_copy_in does it: narrow the output to this rank's slice, split it by the sizes, and
@@ -35,7 +36,7 @@ CallResult plan_and_run(at::TensorList dsts, at::TensorList srcs, bool non_block
 // is written. `counts` receives its CallResult.
 std::tuple<at::Tensor, at::Tensor> all_gather_copy_in(at::TensorList inputs, const at::Tensor& out,
                                                       c10::IntArrayRef sizes, int64_t numel, int64_t rank,
-                                                      bool strict, bool bump, CallResult* counts);
+                                                      bool strict, std::optional<bool> bump, CallResult* counts);
 
 // The output stock's functional _foreach_copy allocates for destination `d`: a clone's layout
 // (d's sizes and strides, contiguous where d overlaps itself), uninitialised, as every element

@@ -30,7 +30,7 @@ constexpr int64_t kReleaseGilBytes = 2 * 1024 * 1024;
 constexpr size_t kKeptPairs = 4096;
 
 // The most a pass may move before it streams its stores, whatever sysfs says of the last-level
-// cache (cpu/stream_copy.h stream_moved_bytes): a virtual machine on a large package sees the
+// cache (cpu/byte_copy.h stream_moved_bytes): a virtual machine on a large package sees the
 // package's whole cache but holds only a slice of it, and passes beyond that slice gain from
 // streaming (byte copies and conversions alike).
 constexpr int64_t kMaxStreamMovedBytes = int64_t{96} << 20;
@@ -40,7 +40,7 @@ constexpr int64_t kMaxStreamMovedBytes = int64_t{96} << 20;
 constexpr size_t kAheadTensors = 8, kAheadStorages = 4;
 
 // Longest single memcpy: above a cache-size threshold glibc switches to its own non-temporal
-// path, slower than 64 KB calls; passes beyond the cache stream with cpu/stream_copy.h
+// path, slower than 64 KB calls; passes beyond the cache stream with cpu/byte_copy.h
 // instead.
 constexpr int64_t kMemcpyChunk = 64 * 1024;
 
