@@ -7,6 +7,7 @@
 #include <ATen/record_function.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/strides.h>
 
 #include <cmath>
 #include <cstring>
@@ -29,16 +30,6 @@ void count_reasons(const Plan& p, CallResult* v) {
   }
   for (const auto& f : p.fallback) v->reason(f.kind) += 1;
   if (p.no_fast_pair) v->reason(Kind::DeviceOp) += p.n - static_cast<int64_t>(p.fallback.size());
-}
-
-std::vector<int64_t> contiguous_strides(c10::IntArrayRef sizes) {
-  std::vector<int64_t> strides(sizes.size());
-  int64_t step = 1;
-  for (size_t k = sizes.size(); k-- > 0;) {
-    strides[k] = step;
-    step *= std::max<int64_t>(sizes[k], 1);
-  }
-  return strides;
 }
 
 // A device's fused _foreach_copy_ (CUDA's multi_tensor_apply kernel) bumps its destinations' version
@@ -180,7 +171,7 @@ class Executor {
       int64_t off = 0, bytes = 0;
       for (int64_t k = 0; k < count; ++k) {
         const auto& s = srcs_[members[k]];
-        views.push_back(scratch.as_strided(s.sizes(), contiguous_strides(s.sizes()), off));
+        views.push_back(scratch.as_strided(s.sizes(), c10::contiguous_strides(s.sizes()), off));
         picked.push_back(s);
         off += s.numel();
         bytes += tensor_bytes(dsts_[members[k]]);
@@ -197,7 +188,7 @@ class Executor {
         off = 0;
         for (int64_t k = 0; k < count; ++k) {
           const auto& d = dsts_[members[k]];
-          views.push_back(cast.as_strided(d.sizes(), contiguous_strides(d.sizes()), off));
+          views.push_back(cast.as_strided(d.sizes(), c10::contiguous_strides(d.sizes()), off));
           picked.push_back(d);
           off += d.numel();
         }
