@@ -146,6 +146,23 @@ bool arity(Py_ssize_t nargs, Py_ssize_t n, const char* usage) {
   return false;
 }
 
+// A direct entry's served call: `serve(&why)` (the GIL dropped where `release`), counted under
+// `op` as dispatch/mode_scope.h record_call counts; False where it refused (nothing written).
+template <typename Serve>
+PyObject* serve_direct(CountedOp op, bool release, const Serve& serve) {
+  const int64_t t0 = now_ns();
+  Kind why;
+  std::optional<CallResult> counts;
+  {
+    std::optional<pybind11::gil_scoped_release> no_gil;
+    if (release) no_gil.emplace();
+    counts = serve(&why);
+  }
+  if (!counts) Py_RETURN_FALSE;
+  record_call(op, *counts, now_ns() - t0);
+  Py_RETURN_TRUE;
+}
+
 // foreach_copy_direct(dsts, srcs, non_blocking) -> bool  (lists or tuples)
 // The public npu_dispatch.foreach_copy_ on the one-pass plan, counted as dispatch/mode_scope.h record_call
 // counts. False, with nothing written, when the call needs the general path (anything the one-pass plan
@@ -219,17 +236,8 @@ PyObject* copy_out_direct(PyObject* /*self*/, PyObject* const* args, Py_ssize_t 
   // A tensor that requires grad under grad mode is refused by copy_out itself (the rule's
   // requires_grad).
   if (!unobserved()) Py_RETURN_FALSE;
-  const int64_t t0 = now_ns();
-  Kind why;
-  std::optional<CallResult> counts;
-  {
-    std::optional<pybind11::gil_scoped_release> no_gil;
-    if (release) no_gil.emplace();
-    counts = copy_out(src, sizes, dim, out, false, true, &why);
-  }
-  if (!counts) Py_RETURN_FALSE;
-  record_call(kOpSplitWithSizesCopy, *counts, now_ns() - t0);
-  Py_RETURN_TRUE;
+  return serve_direct(kOpSplitWithSizesCopy, release,
+                      [&](Kind* why) { return copy_out(src, sizes, dim, out, false, true, why); });
   END_HANDLE_TH_ERRORS
 }
 
@@ -253,17 +261,8 @@ PyObject* chunk_cat_direct(PyObject* /*self*/, PyObject* const* args, Py_ssize_t
     PyErr_Clear();
     Py_RETURN_FALSE;
   }
-  const int64_t t0 = now_ns();
-  Kind why;
-  std::optional<CallResult> counts;
-  {
-    std::optional<pybind11::gil_scoped_release> no_gil;
-    if (release) no_gil.emplace();
-    counts = chunk_cat(tensors, dim, num_chunks, out, false, true, &why);
-  }
-  if (!counts) Py_RETURN_FALSE;
-  record_call(kOpChunkCat, *counts, now_ns() - t0);
-  Py_RETURN_TRUE;
+  return serve_direct(kOpChunkCat, release,
+                      [&](Kind* why) { return chunk_cat(tensors, dim, num_chunks, out, false, true, why); });
   END_HANDLE_TH_ERRORS
 }
 
