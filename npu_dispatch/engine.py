@@ -327,8 +327,7 @@ def chunk_cat_mixed_dtype(
         with inside(), module.StockCall():
             torch.ops.fsdp.chunk_cat_mixed_dtype(list(tensors), dim, num_chunks, out=ref[0])
     with inside():
-        # The op's own ADInplaceOrView kernel bumps out: nothing here does (mixed ignores bump).
-        v = module.chunk_cat(list(tensors), dim, num_chunks, out, strict=strict, bump=False, mixed=True)
+        v = module.chunk_cat(list(tensors), dim, num_chunks, out, strict=strict, mixed=True)
     _checked(op, v, stats, start)
     if ref is not None:
         _compare(op, [out], ref)

@@ -79,7 +79,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           return chunk_cat_or_stock(tensors, dim, num_chunks, out, strict, bump_or_stock_rule(bump), mixed);
         }),
         pyb::arg("tensors"), pyb::arg("dim"), pyb::arg("num_chunks"), pyb::arg("out"), pyb::arg("strict"),
-        pyb::arg("bump"), pyb::arg("mixed"),
+        pyb::arg("bump") = pyb::none(), pyb::arg("mixed") = false,
         "FSDP2's reduce-scatter copy-in through the fast path, else stock's op (fsdp/copies.h).");
   m.def("stock_foreach_copy",
         torch::wrap_pybind_function_no_gil([](const Tensors& dsts, const Tensors& srcs, bool non_blocking) {

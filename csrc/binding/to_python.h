@@ -26,7 +26,8 @@ void bind_types(pyb::module_& m);
 pyb::object totals(const std::optional<StatsTotals>& t);
 
 // A Plan as a dict: n, stock (kind name or None), stock_a, stock_b, stock_detail, own_op (the
-// device's own op takes the call whole), no_fast_pair, launches, fallback_launches, runs
+// device's own op takes the call whole), no_fast_pair, launches, leaves_fast_path (what strict
+// refuses), fallback_launches, runs
 // [(members, numel)], groups [(members, launches, transfer)], stages [(members, numel, adjacent,
 // launches)], fallback [(index, kind, detail)], empty [index]. A detail names the side or
 // variant of a reason ("dst", "src", "no_broadcast", "src_over_dst"...; planner/classify.h

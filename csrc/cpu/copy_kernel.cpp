@@ -168,25 +168,19 @@ CpuCopyBatch::CpuCopyBatch() : config_(published_config()), split_threads_(calle
 
 bool CpuCopyBatch::add_pair(const at::Tensor& dst, const at::Tensor& src) {
   CopyOp op;
-  if (!op_for(src.scalar_type(), dst.scalar_type(), &op)) return false;
+  bool mergeable;
+  // No 0-dim conversion gets here: the planner sends it to stock's loop (order_dependent).
+  if (!dtype_op(src.scalar_type(), dst.scalar_type(), &op, &mergeable)) return false;
+  // A conversion of FBGEMM's matches stock only on the layouts copy_ hands FBGEMM.
+  if (config_->ops[static_cast<int>(op)].fbgemm_split && !fbgemm_layout(dst, src)) return false;
   const int64_t n = dst.numel();
   char* d = static_cast<char*>(dst.mutable_data_ptr());
   const char* s = static_cast<const char*>(src.const_data_ptr());
-  if (op == CopyOp::Memcpy) {
-    items_.push_back({d, s, n * static_cast<int64_t>(dst.element_size()), 0, op});
-    return true;
+  if (!mergeable) {
+    add_fbgemm_chunks(&items_, d, s, n, split_threads_);
+  } else {
+    add_contiguous(d, s, op == CopyOp::Memcpy ? n * static_cast<int64_t>(dst.element_size()) : n, op, false);
   }
-  const auto& cfg = config_->ops[static_cast<int>(op)];
-  // No 0-dim conversion gets here: the planner sends it to stock's loop (order_dependent).
-  if (cfg.fns == nullptr) return false;
-  if (cfg.fbgemm_split) {
-    if (!fbgemm_layout(dst, src)) return false;
-    if (op == CopyOp::F16ToF32) {
-      add_fbgemm_chunks(&items_, d, s, n, split_threads_);
-      return true;
-    }
-  }
-  items_.push_back({d, s, n, n, op});
   return true;
 }
 
@@ -198,7 +192,7 @@ bool CpuCopyBatch::dtype_op(at::ScalarType src, at::ScalarType dst, CopyOp* op, 
   }
   const auto& cfg = config_->ops[static_cast<int>(*op)];
   if (cfg.fns == nullptr) return false;
-  // As add_run: FBGEMM's fp16->fp32 tails sit where each pair ends.
+  // FBGEMM's fp16->fp32 tails sit where each pair ends: such pairs are never merged.
   *mergeable = !(*op == CopyOp::F16ToF32 && cfg.fbgemm_split);
   return true;
 }
@@ -231,10 +225,9 @@ bool CpuCopyBatch::add_run(at::TensorList dsts, at::TensorList srcs, const int64
   const auto& d0 = dsts[members[0]];
   const auto& s0 = srcs[members[0]];
   CopyOp op;
-  if (!op_for(s0.scalar_type(), d0.scalar_type(), &op)) return false;
-  const auto& cfg = config_->ops[static_cast<int>(op)];
-  if (op != CopyOp::Memcpy && cfg.fns == nullptr) return false;
-  if (op == CopyOp::F16ToF32 && cfg.fbgemm_split) {
+  bool mergeable;
+  if (!dtype_op(s0.scalar_type(), d0.scalar_type(), &op, &mergeable)) return false;
+  if (!mergeable) {
     // Stock copies pair by pair, each with its own scalar tail.
     for (int64_t k = 0; k < count; ++k) {
       add_fbgemm_chunks(&items_, static_cast<char*>(dsts[members[k]].mutable_data_ptr()),
@@ -245,8 +238,7 @@ bool CpuCopyBatch::add_run(at::TensorList dsts, at::TensorList srcs, const int64
   }
   char* d = static_cast<char*>(d0.mutable_data_ptr());
   const char* s = static_cast<const char*>(s0.const_data_ptr());
-  const int64_t n = op == CopyOp::Memcpy ? numel * static_cast<int64_t>(d0.element_size()) : numel;
-  items_.push_back({d, s, n, n, op});
+  add_contiguous(d, s, op == CopyOp::Memcpy ? numel * static_cast<int64_t>(d0.element_size()) : numel, op, false);
   return true;
 }
 

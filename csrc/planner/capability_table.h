@@ -43,9 +43,10 @@ struct Capability {
 };
 
 // Whether the library's CPU kernel (cpu/copy_kernel.h, fsdp/'s passes) copies a call's pairs on
-// this device: a host pass, on the CPU. Elsewhere the device's own kernels do.
+// this device: a host pass, on the CPU, that is not whole_list_only (exact only where stock's op
+// runs the kernel on the whole list). Elsewhere the device's own kernels do.
 inline bool cpu_kernel_serves(c10::DeviceType type, const Capability* cap) {
-  return type == c10::DeviceType::CPU && cap != nullptr && cap->host_pass;
+  return type == c10::DeviceType::CPU && cap != nullptr && cap->host_pass && !cap->whole_list;
 }
 
 struct CapabilityTable {

@@ -1,12 +1,6 @@
 // The eligibility rule (planner/classify.h).
 #include "planner/classify.h"
 
-#include <c10/util/SmallVector.h>
-
-#include <algorithm>
-#include <utility>
-
-
 namespace npu_dispatch {
 
 bool same_layout(const c10::TensorImpl& d, const c10::TensorImpl& s) {
@@ -45,23 +39,6 @@ int64_t lazy_bit_dst(at::TensorList dsts) {
     if (d.defined() && (d.is_conj() || d.is_neg())) return static_cast<int64_t>(i);
   }
   return -1;
-}
-
-bool dense(const c10::TensorImpl& t) {
-  if (t.is_contiguous() || t.is_contiguous(at::MemoryFormat::ChannelsLast)) return true;
-  c10::SmallVector<std::pair<int64_t, int64_t>, 8> dims;
-  const auto sizes = t.sizes();
-  const auto strides = t.strides();
-  for (size_t k = 0; k < sizes.size(); ++k) {
-    if (sizes[k] != 1) dims.emplace_back(strides[k], sizes[k]);
-  }
-  std::sort(dims.begin(), dims.end());
-  int64_t expected = 1;
-  for (const auto& [st, sz] : dims) {
-    if (st != expected) return false;
-    expected *= sz;
-  }
-  return true;
 }
 
 }  // namespace npu_dispatch

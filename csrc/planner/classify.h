@@ -189,8 +189,8 @@ int64_t lazy_bit_dst(at::TensorList dsts);
 // whole call stays on stock.
 inline bool copy_dtype(c10::ScalarType t);
 
-// Dense: contiguous in some dim order.
-bool dense(const c10::TensorImpl& t);
+// Dense: contiguous in some dim order (dims of size 1 aside), as TensorImpl keeps it.
+inline bool dense(const c10::TensorImpl& t) { return t.is_non_overlapping_and_dense(); }
 
 // ATen's fast route, its layout half (aten/src/ATen/native/ForeachUtils.h can_use_fast_route):
 // equal sizes, both dense, equal strides (dims of size 1 aside).

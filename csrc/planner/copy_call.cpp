@@ -72,9 +72,9 @@ bool foreach_copy_bumps_here(at::TensorList dsts) {
 }
 
 CallResult plan_and_run(at::TensorList dsts, at::TensorList srcs, bool non_blocking, bool strict,
-                        std::optional<bool> bump_or_rule, int64_t serial_moved_bytes) {
+                        std::optional<bool> bump_rule, int64_t serial_moved_bytes) {
   StockCall inside;
-  const bool bump = bump_or_rule.has_value() ? *bump_or_rule : foreach_copy_bumps_here(dsts);
+  const bool bump = bump_rule.has_value() ? *bump_rule : foreach_copy_bumps_here(dsts);
   if (lazy_bit_dst(dsts) >= 0) {
     // Stock's dispatcher raises for such a list before checking it, so the stock op gives the
     // error (and, were it ever to accept the list, the copy and its bumps).
@@ -89,7 +89,7 @@ CallResult plan_and_run(at::TensorList dsts, at::TensorList srcs, bool non_block
     at::AutoDispatchBelowADInplaceOrView below;
     const auto caps = current_capabilities();
     counts = execute(build_plan(dsts, srcs, *caps, non_blocking), dsts, srcs, non_blocking, strict, bump, *caps,
-                     &self_bumped);
+                     &self_bumped, serial_moved_bytes);
   }
   // As stock: a destination without a version counter (planner/execute.h) moves nothing inside
   // inference_mode (outside it the plan was stock's loop, which raised); others move even inside

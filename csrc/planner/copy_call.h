@@ -22,7 +22,7 @@ namespace npu_dispatch {
 // planner's first pass, then the full plan against the capability table in force, and executes
 // (nothing when `strict` finds a fallback). Copies are issued below ADInplaceOrView; with `bump`,
 // each listed destination's version counter then moves once, as stock's in-place kernel does
-// (nullopt: stock's rule where the call is made, foreach_copy_bumps_here). Returns the CallResult
+// (nullopt: stock's rule where the call is made, foreach_copy_bumps_here(dsts)). Returns the CallResult
 // (planner/execute.h). While it runs, the thread is inside_planner().
 CallResult plan_and_run(at::TensorList dsts, at::TensorList srcs, bool non_blocking, bool strict,
                         std::optional<bool> bump = std::nullopt,
@@ -70,9 +70,10 @@ struct StockCall {
 inline bool bumps_here() { return !c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView); }
 
 // Whether stock's _foreach_copy_ called here would bump the destinations' version counters:
-// always, except below ADInplaceOrView, where its per-pair copy_ loop bumps none. A batched
-// kernel that bumps anyway (CUDA's) is seen by the executor, so CPU and whole_list_only devices
-// need no bump of ours there; other accelerators keep the bumps.
+// always, except below ADInplaceOrView, where its per-pair copy_ loop bumps none. There the CPU,
+// whole_list_only devices (CUDA's fused kernel bumps anyway, and the executor sees it) and devices
+// whose batched kernels move no counter (batched_keeps_versions: op-plugin's) need no bump of ours;
+// a device not known either way keeps them.
 bool foreach_copy_bumps_here(at::TensorList dsts);
 
 }  // namespace npu_dispatch

@@ -67,10 +67,11 @@ void write_defined_bf16_nan(const at::Tensor& d) {
 // Profiler ranges npu_dispatch::<path>; RECORD_FUNCTION is free with no profiler.
 class Executor {
  public:
-  Executor(const Plan& p, at::TensorList dsts, at::TensorList srcs, bool non_blocking,
-           CallResult& v, std::vector<uint8_t>* self_bumped, const std::vector<uint8_t>& kept, const CapabilityTable& caps)
+  Executor(const Plan& p, at::TensorList dsts, at::TensorList srcs, bool non_blocking, CallResult& v,
+           std::vector<uint8_t>* self_bumped, const std::vector<uint8_t>& kept, const CapabilityTable& caps,
+           int64_t serial_moved_bytes)
       : p_(p), dsts_(dsts), srcs_(srcs), non_blocking_(non_blocking), v_(v), self_bumped_(self_bumped), kept_(kept),
-        caps_(caps) {}
+        caps_(caps), serial_moved_bytes_(serial_moved_bytes) {}
 
   // Aliasing, a pair that may raise, a 0-dim conversion, meta tensors, a whole_list_only device's
   // list stock does not batch: stock's per-pair loop, a sequential copy_ loop,
@@ -202,7 +203,7 @@ class Executor {
   void cpu_kernel() {
     if (batch_.empty()) return;
     RECORD_FUNCTION("npu_dispatch::cpu_kernel", std::vector<c10::IValue>());
-    batch_.run();
+    batch_.run(serial_moved_bytes_);
   }
 
   // Pair by pair, as stock's per-tensor path: a sub-list handed to the device's _foreach_copy_
@@ -250,14 +251,15 @@ class Executor {
   std::vector<uint8_t>* self_bumped_;
   const std::vector<uint8_t>& kept_;  // stock_keeps_version: counters stock's own op leaves unmoved
   const CapabilityTable& caps_;
+  int64_t serial_moved_bytes_;
   CpuCopyBatch batch_;
   BorrowedTensors sub_d_, sub_s_;
 };
 
 }  // namespace
 
-CallResult execute(const Plan& p, at::TensorList dsts, at::TensorList srcs, bool non_blocking, bool strict,
-                   bool bump, const CapabilityTable& caps, std::vector<uint8_t>* self_bumped) {
+CallResult execute(const Plan& p, at::TensorList dsts, at::TensorList srcs, bool non_blocking, bool strict, bool bump,
+                   const CapabilityTable& caps, std::vector<uint8_t>* self_bumped, int64_t serial_moved_bytes) {
   CallResult v;
   if (strict && p.leaves_fast_path()) {
     v.blocked = true;
@@ -270,7 +272,7 @@ CallResult execute(const Plan& p, at::TensorList dsts, at::TensorList srcs, bool
                                          : std::vector<uint8_t>();
   // The caller bumps none of the pairs stock leaves alone.
   for (size_t i = 0; i < kept.size(); ++i) (*self_bumped)[i] |= kept[i];
-  Executor ex(p, dsts, srcs, non_blocking, v, self_bumped, kept, caps);
+  Executor ex(p, dsts, srcs, non_blocking, v, self_bumped, kept, caps, serial_moved_bytes);
   if (p.stock != Kind::None) {
     ex.stock(bump);
     v.bumped = true;

@@ -66,8 +66,8 @@ CallResult blocked_counts(Kind why, int64_t pairs);
 // ``bump``: a whole-stock plan bumps each destination's version counter as stock does (the
 // caller bumps the others once the call has succeeded, except those marked in ``self_bumped``
 // (resized to the list): a device's fused kernel bumped them already, as it does under stock).
-// `caps`: the snapshot the plan was made against.
-CallResult execute(const Plan& p, at::TensorList dsts, at::TensorList srcs, bool non_blocking,
-                             bool strict, bool bump, const CapabilityTable& caps, std::vector<uint8_t>* self_bumped);
+// `caps`: the snapshot the plan was made against. `serial_moved_bytes`: as CpuCopyBatch::run.
+CallResult execute(const Plan& p, at::TensorList dsts, at::TensorList srcs, bool non_blocking, bool strict, bool bump,
+                   const CapabilityTable& caps, std::vector<uint8_t>* self_bumped, int64_t serial_moved_bytes);
 
 }  // namespace npu_dispatch

@@ -30,7 +30,7 @@ bool OnePass::prepare(c10::TensorImpl* const* dsts, c10::TensorImpl* const* srcs
   // Only where the CPU kernel serves the CPU, a host pass that keeps every run (planner/runs.h
   // keeps_every_run); another entry (a test giving CPU CUDA's or a batching device's rules): the
   // planner decides.
-  if (!cpu_kernel_serves(c10::DeviceType::CPU, cap_) || cap_->whole_list) return false;
+  if (!cpu_kernel_serves(c10::DeviceType::CPU, cap_)) return false;
   dst_spans_.reserve(n);
   src_spans_.reserve(n);
   batch_.reserve(n);

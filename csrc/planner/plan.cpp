@@ -226,9 +226,13 @@ class Planner {
     return false;
   }
 
-  // The first overlap, once any_overlap() has found one: named by a fixed order of the intervals.
+  // Whether some destination overlaps (any_overlap(): the overlap rule decides); the call is then
+  // stock's (aliasing), and the sweep below names the first overlapping pair by a fixed order of the
+  // intervals.
   bool first_overlap() {
     if (!any_overlap()) return false;
+    plan_.stock = Kind::Aliasing;
+    mark_own_op();
     std::vector<Interval> intervals;
     intervals.reserve(dst_iv_.size() + src_iv_.size());
     intervals.insert(intervals.end(), dst_iv_.begin(), dst_iv_.end());
@@ -260,11 +264,9 @@ class Planner {
         hit = who_dst;
       }
       if (hit != nullptr) {
-        plan_.stock = Kind::Aliasing;
         plan_.stock_a = hit->index;
         plan_.stock_b = iv.index;
         plan_.stock_sub = static_cast<int8_t>((hit->is_dst ? kSubEarlierDst : 0) | (iv.is_dst ? kSubLaterDst : 0));
-        mark_own_op();
         return true;
       }
       if (iv.end > end_all) {
@@ -276,7 +278,7 @@ class Planner {
         who_dst = &iv;
       }
     }
-    return false;
+    return true;
   }
 
   uint32_t key_of(int64_t i) const { return run_key(*dsts_[i].unsafeGetTensorImpl(), *srcs_[i].unsafeGetTensorImpl()); }

@@ -3,8 +3,8 @@
 // are only read). Stock's _foreach_copy_ copies pair by pair, so an overlap makes its result depend
 // on the order. The planner (planner/plan.cpp), the one-pass plan (planner/one_pass.cpp) and the
 // copy-out (fsdp/copies.cpp) ask writes_overlap(); chunk_cat, with one destination, asks
-// spans_meet() of each input. The planner asks writes_overlap() device by device; its sweep
-// (first_overlap) only names the overlapping pair, once writes_overlap() has found one.
+// spans_meet() of each input. The planner asks writes_overlap() device by device; where it finds
+// an overlap, a sweep (plan.cpp first_overlap) only names the overlapping pair.
 #pragma once
 
 #include <ATen/core/Tensor.h>
