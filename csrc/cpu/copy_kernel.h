@@ -37,14 +37,13 @@ class CpuCopyBatch {
   // A coalesced run of contiguous pairs, as one entry where the conversion is position-free.
   bool add_run(at::TensorList dsts, at::TensorList srcs, const int64_t* members, int64_t count,
                int64_t numel);
-  // The one-pass plan's steps (planner/one_pass.cpp). dtype_op: the op for a dtype pair, false where this
-  // kernel does not reproduce stock's bits; `mergeable` when adjacent pairs may share one item.
+  // The op for a dtype pair, false where this kernel does not reproduce stock's bits; `mergeable`
+  // when adjacent pairs may share one item. Every way into the work list asks it.
   bool dtype_op(at::ScalarType src, at::ScalarType dst, CopyOp* op, bool* mergeable) const;
   // The conversion loops of a cast dtype_op() accepted (the published configuration's variant).
   const ConvertFns* fns(CopyOp op) const;
-  // One contiguous pair of a dtype pair dtype_op() called mergeable, inline (the one-pass plan adds one per
-  // separately allocated pair): `n` as WorkItem::n; with `extend` it continues the last item
-  // (adjacent in memory, same op).
+  // One contiguous pair (or run) of a dtype pair dtype_op() called mergeable, inline: `n` as
+  // WorkItem::n; with `extend` it continues the last item (adjacent in memory, same op).
   void add_contiguous(char* dst, const char* src, int64_t n, CopyOp op, bool extend) {
     if (extend) {
       items_.back().n += n;

@@ -20,17 +20,19 @@ namespace npu_dispatch {
 
 // Checks the lists (stock's errors and messages), then the one-pass plan (planner/one_pass.h) as the
 // planner's first pass, then the full plan against the capability table in force, and executes
-// (nothing when `strict` finds a fallback). Copies are issued below ADInplaceOrView; with `bump`,
-// each listed destination's version counter then moves once, as stock's in-place kernel does
-// (nullopt: stock's rule where the call is made, foreach_copy_bumps_here(dsts)). Returns the CallResult
-// (planner/execute.h). While it runs, the thread is inside_planner().
+// (nothing when `strict` finds a fallback). Copies are issued below ADInplaceOrView; where
+// `bump_rule` is true, each listed destination's version counter then moves once, as stock's
+// in-place kernel does (nullopt: stock's rule where the call is made, foreach_copy_bumps_here(dsts)).
+// The CPU passes stay on the calling thread up to `serial_moved_bytes` (CpuCopyBatch::run).
+// Returns the CallResult (planner/execute.h). While it runs, the thread is inside_planner().
 CallResult plan_and_run(at::TensorList dsts, at::TensorList srcs, bool non_blocking, bool strict,
-                        std::optional<bool> bump = std::nullopt,
+                        std::optional<bool> bump_rule = std::nullopt,
                         int64_t serial_moved_bytes = kDispatchedSerialMovedBytes);
 
 // FSDP2's all-gather copy-in, as torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py
 // all_gather_copy_in does it: narrow the output to this rank's slice, split it by the sizes, and
-// copy the inputs into the splits under no_grad (plan_and_run, with `strict` and `bump`). Returns
+// copy the inputs into the splits under no_grad (plan_and_run, with `strict` and `bump` as its
+// `bump_rule`). Returns
 // (slice, output), the slice a view of the output (with autograd view metadata where
 // ADInplaceOrView is in reach, as stock's); narrow and split raise stock's errors before anything
 // is written. `counts` receives its CallResult.

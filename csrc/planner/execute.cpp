@@ -140,7 +140,7 @@ class Executor {
       int64_t bytes = 0;
       for (int64_t k = 0; k < count; ++k) bytes += tensor_bytes(dsts_[members[k]]);
       v_.path(kForeach).add(count, bytes, g.launches);
-      if (!kernel_serves(dsts_[members[0]]) || p_.whole_list || g.transfer) {
+      if (!kernel_serves(dsts_[members[0]]) || g.transfer) {
         // The device's own batched kernel (CUDA multi_tensor_apply, op-plugin aclnnForeachCopy).
         stock_pairs(members, count);
         continue;

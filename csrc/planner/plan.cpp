@@ -191,11 +191,11 @@ class Planner {
     return true;
   }
 
-  // Stock takes the call whole, as one foreach group of every pair
-  // (empties included) where it batches the list, else as its per-pair copy_ loop.
+  // Stock takes the call whole, as one foreach group of every pair (empties included) where it
+  // batches the list, which the device's own op gets as it is (the CPU kernel serves no
+  // whole_list_only capability: cpu_kernel_serves), else as its per-pair copy_ loop.
   Plan whole_list(const Capability& cap, int64_t at, int8_t side) {
     if (!stock_batches()) return stock(Kind::WholeListOp, at, side);
-    plan_.whole_list = true;
     for (int64_t i = 0; i < plan_.n; ++i) plan_.group_members.push_back(i);
     plan_.groups.push_back({0, plan_.n, cap.launches(plan_.n), false});
     return std::move(plan_);
@@ -278,6 +278,7 @@ class Planner {
         who_dst = &iv;
       }
     }
+    // Not reached: the sweep meets a pair wherever writes_overlap() does (the same intervals).
     return true;
   }
 

@@ -55,8 +55,6 @@ struct Plan {
   std::vector<Stage> stages;
   std::vector<Fallback> fallback;  // sorted by index
   int64_t fallback_launches = 0;
-  // A whole_list_only device's list: its group goes to stock's op as it is.
-  bool whole_list = false;
   // A whole-stock plan on a device whose own op batches lists (device_batching.h): that op takes the
   // call whole, issuing stock_launches launches.
   bool own_op = false;
