@@ -232,9 +232,9 @@ CallResult whole_call_counts(const c10::OperatorHandle& op, const torch::jit::St
     if (v.isTensor()) {
       b = real_bytes(v.toTensor());
     } else if (v.isTensorList()) {
-      for (const at::Tensor t : v.toTensorList()) b += real_bytes(t);
+      for (const c10::IValue& t : v.toListRef()) b += real_bytes(t.toTensor());
       if (pairs < 0) {
-        pairs = static_cast<int64_t>(v.toTensorList().size());
+        pairs = static_cast<int64_t>(v.toListRef().size());
         first_bytes = b;
       }
     }
